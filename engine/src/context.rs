@@ -1,0 +1,508 @@
+//! The context a workflow body runs its steps through: replay of finished steps, atomic phases, intents and
+//! outcomes of external steps, compensation registration, and the fenced commit.
+
+use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::engine::{Core, StartSignal};
+use crate::error::{Failure, Interrupt, StepError};
+use crate::step::{Attempt, Previous, StepSpec};
+use crate::store::{
+    CompensationRecord, Conn, StepRecord, Store, Tx, WorkflowRecord, WorkflowUpdate,
+    compensation_status, kind, state, step_status,
+};
+use crate::workflow::BoxFuture;
+
+/// What a workflow body runs its steps through.
+///
+/// Consecutive transactional steps share one transaction (an *atomic phase*) that commits, with every step's
+/// row and the workflow's progress, at the next external step, wait or end of the workflow. A transactional
+/// step that fails rolls back its whole phase.
+pub struct WorkflowContext<S: Store> {
+    core: Arc<Core<S>>,
+    workflow_id: String,
+    epoch: i64,
+    /// The workflow row, while it is not yet in the database: it is inserted by the first commit.
+    insert: Option<WorkflowRecord>,
+    inserted_in_tx: bool,
+    /// Committed steps, and the uncommitted ones of the open phase.
+    history: HashMap<String, StepRecord>,
+    tx: Option<Tx<S>>,
+    pending_steps: Vec<StepRecord>,
+    pending_comps: Vec<CompensationRecord>,
+    /// Step keys whose compensation is registered (committed or pending).
+    registered: HashSet<String>,
+    next_seq: i32,
+    prefix: String,
+    tx_attempts: HashMap<String, u32>,
+    first_commit: Option<StartSignal>,
+}
+
+impl<S: Store> WorkflowContext<S> {
+    pub(crate) fn new(
+        core: Arc<Core<S>>,
+        record: &WorkflowRecord,
+        insert: bool,
+        steps: Vec<StepRecord>,
+        comps: &[CompensationRecord],
+        first_commit: Option<StartSignal>,
+    ) -> Self {
+        Self {
+            core,
+            workflow_id: record.workflow_id.clone(),
+            epoch: record.lease_epoch,
+            insert: insert.then(|| record.clone()),
+            inserted_in_tx: false,
+            history: steps.into_iter().map(|s| (s.step_key.clone(), s)).collect(),
+            tx: None,
+            pending_steps: Vec::new(),
+            pending_comps: Vec::new(),
+            registered: comps.iter().map(|c| c.step_key.clone()).collect(),
+            next_seq: comps.iter().map(|c| c.seq + 1).max().unwrap_or(0),
+            prefix: String::new(),
+            tx_attempts: HashMap::new(),
+            first_commit,
+        }
+    }
+
+    /// The id of the running workflow.
+    pub fn workflow_id(&self) -> &str {
+        &self.workflow_id
+    }
+
+    /// Now, by the engine's clock (milliseconds since the epoch).
+    pub fn now_ms(&self) -> i64 {
+        self.core.now()
+    }
+
+    /// Runs a transactional step: `f` gets the workflow's open transaction, and its writes commit together
+    /// with the step's row, exactly once. A finished step returns its stored output without running.
+    ///
+    /// `Err(StepError::Terminal)` fails the workflow; retryable and database errors replay the body from the
+    /// last commit after the step's retry wait, until its attempts are used up.
+    pub async fn transactional<T, F>(
+        &mut self,
+        spec: impl Into<StepSpec>,
+        f: F,
+    ) -> Result<T, Interrupt>
+    where
+        T: Serialize + DeserializeOwned + Send,
+        F: for<'c> FnOnce(&'c mut Conn<S>) -> BoxFuture<'c, Result<T, StepError>> + Send,
+    {
+        let spec = spec.into();
+        let key = format!("{}{}", self.prefix, spec.key);
+        if let Some(done) = self.replay(&key, &spec.name, kind::TRANSACTIONAL)? {
+            return done;
+        }
+        self.check_shutdown()?;
+        let now = self.core.now();
+        if let Some((name, input)) = &spec.compensation {
+            self.register_compensation(&key, name, input)?;
+        }
+        let tx = self.open_tx().await?;
+        let result = f(&mut **tx).await;
+        let attempts = self.tx_attempts.get(&key).copied().unwrap_or(0) + 1;
+        let row = |status: &str, output: Option<String>, error: Option<String>| StepRecord {
+            workflow_id: String::new(),
+            step_key: key.clone(),
+            step_name: spec.name.clone(),
+            kind: kind::TRANSACTIONAL.to_owned(),
+            status: status.to_owned(),
+            attempts: i32::try_from(attempts).unwrap_or(i32::MAX),
+            output,
+            error,
+            started_at: now,
+            finished_at: Some(now),
+        };
+        match result {
+            Ok(value) => {
+                let output =
+                    serde_json::to_string(&value).map_err(|e| Interrupt::Engine(e.into()))?;
+                self.push_step(row(step_status::COMPLETED, Some(output), None));
+                Ok(value)
+            }
+            Err(StepError::Terminal(failure)) => {
+                self.abort_phase().await;
+                self.push_step(row(step_status::FAILED, None, Some(failure_json(&failure))));
+                Err(Interrupt::Failed(failure))
+            }
+            Err(
+                e @ (StepError::Retryable(_)
+                | StepError::UnknownOutcome(_)
+                | StepError::Database(_)),
+            ) => {
+                self.abort_phase().await;
+                self.tx_attempts.insert(key.clone(), attempts);
+                match spec.retry.delay_after(attempts) {
+                    Some(delay) => Err(Interrupt::Retry {
+                        delay_ms: millis(delay),
+                    }),
+                    None => {
+                        let failure = Failure::new("retries_exhausted", format!("step {key}: {e}"));
+                        self.push_step(row(
+                            step_status::FAILED,
+                            None,
+                            Some(failure_json(&failure)),
+                        ));
+                        Err(Interrupt::Failed(failure))
+                    }
+                }
+            }
+        }
+    }
+
+    /// Runs an external step (a call outside the database). Its intent commits before each attempt and its
+    /// outcome commits with the next commit; an attempt after a crash or an unknown outcome is told so through
+    /// [`Attempt::previous`] and must find out what happened before acting again.
+    ///
+    /// Retryable errors wait by the step's policy (in-process when short, persisted when long) until its
+    /// attempts are used up; unknown outcomes are retried at most every `max_interval`, never given up.
+    pub async fn external<T, F, Fut>(
+        &mut self,
+        spec: impl Into<StepSpec>,
+        mut f: F,
+    ) -> Result<T, Interrupt>
+    where
+        T: Serialize + DeserializeOwned + Send,
+        F: FnMut(Attempt) -> Fut + Send,
+        Fut: Future<Output = Result<T, StepError>> + Send,
+    {
+        let spec = spec.into();
+        let key = format!("{}{}", self.prefix, spec.key);
+        if let Some(done) = self.replay(&key, &spec.name, kind::EXTERNAL)? {
+            return done;
+        }
+        let (mut attempts, mut previous, started_at) = match self.history.get(&key) {
+            Some(s) => (
+                u32::try_from(s.attempts).unwrap_or(0),
+                match s.status.as_str() {
+                    step_status::RETRYING => Previous::Failed(s.error.clone().unwrap_or_default()),
+                    _ => Previous::Unknown,
+                },
+                s.started_at,
+            ),
+            None => (0, Previous::None, self.core.now()),
+        };
+        if let Some((name, input)) = &spec.compensation {
+            self.register_compensation(&key, name, input)?;
+        }
+        let row = |status: &str,
+                   attempts: u32,
+                   output: Option<String>,
+                   error: Option<String>,
+                   done: Option<i64>| {
+            StepRecord {
+                workflow_id: String::new(),
+                step_key: key.clone(),
+                step_name: spec.name.clone(),
+                kind: kind::EXTERNAL.to_owned(),
+                status: status.to_owned(),
+                attempts: i32::try_from(attempts).unwrap_or(i32::MAX),
+                output,
+                error,
+                started_at,
+                finished_at: done,
+            }
+        };
+        loop {
+            self.check_shutdown()?;
+            attempts += 1;
+            self.push_step(row(step_status::STARTED, attempts, None, None, None));
+            self.commit(WorkflowUpdate::default()).await?;
+            let result = f(Attempt {
+                number: attempts,
+                previous: previous.clone(),
+            })
+            .await;
+            let now = self.core.now();
+            let (status, message, delay) = match result {
+                Ok(value) => {
+                    let output =
+                        serde_json::to_string(&value).map_err(|e| Interrupt::Engine(e.into()))?;
+                    self.push_step(row(
+                        step_status::COMPLETED,
+                        attempts,
+                        Some(output),
+                        None,
+                        Some(now),
+                    ));
+                    return Ok(value);
+                }
+                Err(StepError::Terminal(failure)) => {
+                    self.push_step(row(
+                        step_status::FAILED,
+                        attempts,
+                        None,
+                        Some(failure_json(&failure)),
+                        Some(now),
+                    ));
+                    return Err(Interrupt::Failed(failure));
+                }
+                Err(StepError::UnknownOutcome(m)) => (
+                    step_status::UNKNOWN,
+                    m,
+                    spec.retry.delay_unbounded(attempts),
+                ),
+                Err(e @ (StepError::Retryable(_) | StepError::Database(_))) => {
+                    match spec.retry.delay_after(attempts) {
+                        Some(delay) => (step_status::RETRYING, e.to_string(), delay),
+                        None => {
+                            let failure =
+                                Failure::new("retries_exhausted", format!("step {key}: {e}"));
+                            let error = Some(failure_json(&failure));
+                            self.push_step(row(
+                                step_status::FAILED,
+                                attempts,
+                                None,
+                                error,
+                                Some(now),
+                            ));
+                            return Err(Interrupt::Failed(failure));
+                        }
+                    }
+                }
+            };
+            tracing::debug!(workflow_id = %self.workflow_id, step_key = %key, attempts, %message, "step will retry");
+            previous = if status == step_status::UNKNOWN {
+                Previous::Unknown
+            } else {
+                Previous::Failed(message.clone())
+            };
+            self.push_step(row(status, attempts, None, Some(message), None));
+            self.wait(delay).await?;
+        }
+    }
+
+    /// Waits `delay` before the next attempt: asleep in-process when short, otherwise (or when the engine
+    /// shuts down meanwhile) persisted as the workflow's `next_attempt_at` with the lease released.
+    async fn wait(&mut self, delay: Duration) -> Result<(), Interrupt> {
+        if delay <= self.core.config.max_inline_wait {
+            tokio::select! {
+                () = tokio::time::sleep(delay) => return Ok(()),
+                () = self.core.shutdown.cancelled() => {}
+            }
+        }
+        let until_ms = self.core.now() + i64::try_from(millis(delay)).unwrap_or(i64::MAX / 2);
+        self.commit(WorkflowUpdate {
+            release_until: Some(until_ms),
+            ..WorkflowUpdate::default()
+        })
+        .await?;
+        Err(Interrupt::Suspended { until_ms })
+    }
+
+    /// Looks a step up in the history: its stored outcome when it finished, `None` when it must run.
+    #[allow(clippy::type_complexity)]
+    fn replay<T: DeserializeOwned>(
+        &self,
+        key: &str,
+        name: &str,
+        kind: &str,
+    ) -> Result<Option<Result<T, Interrupt>>, Interrupt> {
+        let Some(s) = self.history.get(key) else {
+            return Ok(None);
+        };
+        if s.step_name != name || s.kind != kind {
+            return Err(Interrupt::StepMismatch {
+                step_key: key.to_owned(),
+                stored: format!("{} ({})", s.step_name, s.kind),
+                now: format!("{name} ({kind})"),
+            });
+        }
+        match s.status.as_str() {
+            step_status::COMPLETED => {
+                let output = s.output.as_deref().unwrap_or("null");
+                Ok(Some(
+                    serde_json::from_str(output).map_err(|e| Interrupt::Engine(e.into())),
+                ))
+            }
+            step_status::FAILED => Ok(Some(Err(Interrupt::Failed(parse_failure(
+                s.error.as_deref(),
+            ))))),
+            _ => Ok(None),
+        }
+    }
+
+    fn check_shutdown(&self) -> Result<(), Interrupt> {
+        if self.core.shutdown.is_cancelled() {
+            Err(Interrupt::Shutdown)
+        } else {
+            Ok(())
+        }
+    }
+
+    fn register_compensation(
+        &mut self,
+        key: &str,
+        name: &str,
+        input: &serde_json::Value,
+    ) -> Result<(), Interrupt> {
+        if !self.registered.insert(key.to_owned()) {
+            return Ok(());
+        }
+        self.pending_comps.push(CompensationRecord {
+            workflow_id: self.workflow_id.clone(),
+            seq: self.next_seq,
+            step_key: key.to_owned(),
+            name: name.to_owned(),
+            input: serde_json::to_string(input).map_err(|e| Interrupt::Engine(e.into()))?,
+            status: compensation_status::REGISTERED.to_owned(),
+        });
+        self.next_seq += 1;
+        Ok(())
+    }
+
+    fn push_step(&mut self, mut row: StepRecord) {
+        row.workflow_id.clone_from(&self.workflow_id);
+        self.history.insert(row.step_key.clone(), row.clone());
+        match self
+            .pending_steps
+            .iter_mut()
+            .find(|s| s.step_key == row.step_key)
+        {
+            Some(slot) => *slot = row,
+            None => self.pending_steps.push(row),
+        }
+    }
+
+    pub(crate) fn push_compensation_status(&mut self, mut comp: CompensationRecord, status: &str) {
+        comp.status = status.to_owned();
+        match self.pending_comps.iter_mut().find(|c| c.seq == comp.seq) {
+            Some(slot) => *slot = comp,
+            None => self.pending_comps.push(comp),
+        }
+    }
+
+    pub(crate) fn set_prefix(&mut self, prefix: String) {
+        self.prefix = prefix;
+    }
+
+    async fn open_tx(&mut self) -> Result<&mut Tx<S>, Interrupt> {
+        if self.tx.is_none() {
+            let mut tx = self.core.store.begin().await?;
+            if let Some(row) = &self.insert {
+                if !self.core.store.insert_workflow(&mut tx, row).await? {
+                    let _ = tx.rollback().await;
+                    return Err(Interrupt::Duplicate);
+                }
+                self.inserted_in_tx = true;
+            }
+            self.tx = Some(tx);
+        }
+        self.tx.as_mut().ok_or(Interrupt::LeaseLost)
+    }
+
+    /// Rolls back the open phase: its transactional steps and their compensations are forgotten; outcomes of
+    /// external steps are kept for the next commit.
+    pub(crate) async fn abort_phase(&mut self) {
+        if let Some(tx) = self.tx.take() {
+            let _ = tx.rollback().await;
+        }
+        self.inserted_in_tx = false;
+        let history = &mut self.history;
+        self.pending_steps.retain(|s| {
+            let keep = s.kind == kind::EXTERNAL;
+            if !keep {
+                history.remove(&s.step_key);
+            }
+            keep
+        });
+        for c in self.pending_comps.drain(..) {
+            if c.status == compensation_status::REGISTERED {
+                self.registered.remove(&c.step_key);
+                self.next_seq = self.next_seq.min(c.seq);
+            }
+        }
+    }
+
+    /// Commits the open phase (or a new transaction) with the pending step and compensation rows and
+    /// `update`, fenced by the lease epoch.
+    pub(crate) async fn commit(&mut self, update: WorkflowUpdate) -> Result<(), Interrupt> {
+        let now = self.core.now();
+        let store = self.core.store.clone();
+        let id = self.workflow_id.clone();
+        let epoch = self.epoch;
+        let update_is_empty = update_is_empty(&update);
+        self.open_tx().await?;
+        let Some(mut tx) = self.tx.take() else {
+            return Err(Interrupt::LeaseLost);
+        };
+        // From here an early return drops (rolls back) the transaction, and with it any insert it made.
+        let inserted_here = std::mem::take(&mut self.inserted_in_tx);
+        store.write_steps(&mut tx, &self.pending_steps).await?;
+        store
+            .write_compensations(&mut tx, &self.pending_comps)
+            .await?;
+        // A row inserted by this very transaction already carries our epoch: with nothing to change on it,
+        // the fence would only repeat what the insert proved.
+        if !(update_is_empty && inserted_here) {
+            let Some(notify) = store.fence(&mut tx, &id, epoch, &update, now).await? else {
+                return Err(Interrupt::LeaseLost);
+            };
+            if notify && update.state.is_some_and(state::is_final) {
+                store.notify_finished(&mut tx, &id).await?;
+            }
+        }
+        tx.commit().await?;
+        self.insert = None;
+        self.pending_steps.clear();
+        self.pending_comps.clear();
+        if let Some(started) = self.first_commit.take() {
+            let _ = started.send(Ok(true));
+        }
+        Ok(())
+    }
+
+    pub(crate) fn core(&self) -> &Core<S> {
+        &self.core
+    }
+
+    pub(crate) fn take_started(&mut self) -> Option<StartSignal> {
+        self.first_commit.take()
+    }
+
+    pub(crate) fn into_attempts(self) -> HashMap<String, u32> {
+        self.tx_attempts
+    }
+
+    pub(crate) fn set_attempts(&mut self, attempts: HashMap<String, u32>) {
+        self.tx_attempts = attempts;
+    }
+
+    /// External outcomes and failures not yet committed, to carry into a replay of the body.
+    pub(crate) fn take_pending(&mut self) -> (Vec<StepRecord>, Option<WorkflowRecord>) {
+        (std::mem::take(&mut self.pending_steps), self.insert.take())
+    }
+
+    pub(crate) fn restore_pending(&mut self, steps: Vec<StepRecord>) {
+        for s in steps {
+            self.push_step(s);
+        }
+    }
+}
+
+fn update_is_empty(update: &WorkflowUpdate) -> bool {
+    update.state.is_none()
+        && update.output.is_none()
+        && update.error.is_none()
+        && update.release_until.is_none()
+}
+
+pub(crate) fn failure_json(f: &Failure) -> String {
+    serde_json::to_string(f).unwrap_or_else(|_| format!("{{\"code\":\"{}\"}}", f.code))
+}
+
+pub(crate) fn parse_failure(error: Option<&str>) -> Failure {
+    error
+        .and_then(|e| serde_json::from_str(e).ok())
+        .unwrap_or_else(|| Failure::new("failed", error.unwrap_or("failed").to_owned()))
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}

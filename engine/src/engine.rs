@@ -1,0 +1,562 @@
+//! The engine: a registry of workflow types, starting and attaching, waiting for results, the recovery loop
+//! with its heartbeat, operator actions and graceful shutdown.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+use tokio::sync::{OnceCell, broadcast, oneshot};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::clock::{Clock, SystemClock};
+use crate::context::failure_json;
+use crate::error::{Error, Failure, Result};
+use crate::outcome::Outcome;
+use crate::run::drive;
+use crate::store::{CompensationRecord, Reopen, StepRecord, Store, WorkflowRecord, state};
+use crate::workflow::{ErasedWorkflow, Workflow};
+
+/// The failure code of an operator's cancel.
+pub const CANCELLED_CODE: &str = "cancelled";
+
+/// How a start learns whether its workflow was recorded: `Ok(true)` recorded by this start, `Ok(false)` the
+/// id was recorded by another start first.
+pub(crate) type StartSignal = oneshot::Sender<Result<bool>>;
+
+/// Tuning of leases, polling and waits.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// How long a claimed workflow is owned without a heartbeat.
+    pub lease: Duration,
+    /// How often the recovery loop looks for due workflows, and waiters poll the database.
+    pub poll_interval: Duration,
+    /// Retry waits up to this long are slept in-process; longer ones are persisted and the workflow released.
+    pub max_inline_wait: Duration,
+    /// Most workflows the recovery loop runs at once in this process.
+    pub max_concurrent: usize,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            lease: Duration::from_secs(10),
+            poll_interval: Duration::from_millis(500),
+            max_inline_wait: Duration::from_secs(2),
+            max_concurrent: 64,
+        }
+    }
+}
+
+#[derive(Clone)]
+pub(crate) struct Finished {
+    workflow_id: Arc<str>,
+    outcome: Option<Arc<Outcome>>,
+}
+
+/// What every running workflow of one engine shares.
+pub(crate) struct Core<S: Store> {
+    pub(crate) store: S,
+    pub(crate) config: EngineConfig,
+    pub(crate) shutdown: CancellationToken,
+    clock: Arc<dyn Clock>,
+    owner: String,
+    registry: HashMap<&'static str, Arc<dyn ErasedWorkflow<S>>>,
+    /// Workflows this process is running now, with their input hashes.
+    running: Mutex<HashMap<String, String>>,
+    finished: broadcast::Sender<Finished>,
+    listener: OnceCell<()>,
+}
+
+impl<S: Store> Core<S> {
+    pub(crate) fn now(&self) -> i64 {
+        self.clock.now_ms()
+    }
+
+    fn running(&self) -> std::sync::MutexGuard<'_, HashMap<String, String>> {
+        self.running.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub(crate) fn forget_running(&self, workflow_id: &str) {
+        self.running().remove(workflow_id);
+    }
+
+    pub(crate) fn announce(&self, workflow_id: &str, outcome: Option<Arc<Outcome>>) {
+        let _ = self.finished.send(Finished {
+            workflow_id: workflow_id.into(),
+            outcome,
+        });
+    }
+}
+
+/// Builds an [`Engine`]: its store, clock, configuration and workflow types.
+pub struct EngineBuilder<S: Store> {
+    store: S,
+    clock: Arc<dyn Clock>,
+    config: EngineConfig,
+    registry: HashMap<&'static str, Arc<dyn ErasedWorkflow<S>>>,
+}
+
+impl<S: Store> EngineBuilder<S> {
+    /// Registers a workflow type under [`Workflow::NAME`].
+    pub fn register<W: Workflow<S>>(mut self, workflow: W) -> Self {
+        self.registry.insert(W::NAME, Arc::new(workflow));
+        self
+    }
+
+    /// Replaces the system clock (tests of leases and waits).
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Arc::new(clock);
+        self
+    }
+
+    /// Replaces the default configuration.
+    pub fn config(mut self, config: EngineConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// The engine. Nothing runs in the background until [`Engine::spawn_background`].
+    pub fn build(self) -> Engine<S> {
+        let (finished, _) = broadcast::channel(4096);
+        Engine {
+            core: Arc::new(Core {
+                store: self.store,
+                config: self.config,
+                shutdown: CancellationToken::new(),
+                clock: self.clock,
+                owner: uuid::Uuid::new_v4().to_string(),
+                registry: self.registry,
+                running: Mutex::new(HashMap::new()),
+                finished,
+                listener: OnceCell::new(),
+            }),
+        }
+    }
+}
+
+/// A durable-step engine over one store. Cheap to clone.
+pub struct Engine<S: Store> {
+    core: Arc<Core<S>>,
+}
+
+impl<S: Store> Clone for Engine<S> {
+    fn clone(&self) -> Self {
+        Self {
+            core: self.core.clone(),
+        }
+    }
+}
+
+/// A workflow with its steps and compensations, for operators.
+#[derive(Debug, Clone, Serialize)]
+pub struct WorkflowView {
+    /// The workflow.
+    pub workflow: WorkflowRecord,
+    /// Its steps, in the order they started.
+    pub steps: Vec<StepRecord>,
+    /// Its registered compensations.
+    pub compensations: Vec<CompensationRecord>,
+}
+
+/// A started (or attached) workflow.
+pub struct Handle<S: Store> {
+    engine: Engine<S>,
+    workflow_id: String,
+    attached: bool,
+}
+
+impl<S: Store> Handle<S> {
+    /// The workflow's id.
+    pub fn workflow_id(&self) -> &str {
+        &self.workflow_id
+    }
+
+    /// Whether this start found the workflow already recorded with the same input, and attached to it.
+    pub fn attached(&self) -> bool {
+        self.attached
+    }
+
+    /// Waits up to `timeout` for the workflow to end; `None` if it is still running then.
+    pub async fn wait(&self, timeout: Duration) -> Result<Option<Outcome>> {
+        self.engine.wait(&self.workflow_id, timeout).await
+    }
+}
+
+impl<S: Store> Engine<S> {
+    /// An engine builder over `store`.
+    pub fn builder(store: S) -> EngineBuilder<S> {
+        EngineBuilder {
+            store,
+            clock: Arc::new(SystemClock),
+            config: EngineConfig::default(),
+            registry: HashMap::new(),
+        }
+    }
+
+    /// The store.
+    pub fn store(&self) -> &S {
+        &self.core.store
+    }
+
+    /// This engine's lease owner id (unique per process and engine).
+    pub fn owner(&self) -> &str {
+        &self.core.owner
+    }
+
+    /// Starts workflow `W` under `workflow_id` and runs it in this process. Returns once the workflow is
+    /// durably recorded (its first commit). A start of an id already recorded with the same input attaches to
+    /// it; with another input it is [`Error::Conflict`].
+    pub async fn start<W: Workflow<S>>(
+        &self,
+        workflow_id: &str,
+        input: &W::Input,
+    ) -> Result<Handle<S>> {
+        let input = serde_json::to_string(input)?;
+        let hash = input_hash(&input);
+        let wf = self
+            .core
+            .registry
+            .get(W::NAME)
+            .cloned()
+            .ok_or(Error::UnknownWorkflowType(W::NAME.to_owned()))?;
+        if self.core.shutdown.is_cancelled() {
+            return Err(Error::ShuttingDown);
+        }
+        {
+            let mut running = self.core.running();
+            if let Some(running_hash) = running.get(workflow_id) {
+                return self.attach_if_same(workflow_id, running_hash == &hash);
+            }
+            running.insert(workflow_id.to_owned(), hash.clone());
+        }
+        let now = self.core.now();
+        let record = WorkflowRecord {
+            workflow_id: workflow_id.to_owned(),
+            name: W::NAME.to_owned(),
+            input,
+            input_hash: hash.clone(),
+            state: state::RUNNING.to_owned(),
+            output: None,
+            error: None,
+            lease_owner: Some(self.core.owner.clone()),
+            lease_expires_at: Some(now + millis(self.core.config.lease)),
+            lease_epoch: 1,
+            next_attempt_at: now,
+            notify: false,
+            created_at: now,
+            updated_at: now,
+        };
+        let (tx, rx) = oneshot::channel();
+        tokio::spawn(drive(self.core.clone(), wf, record, true, Some(tx)));
+        match rx.await {
+            Ok(Ok(true)) => Ok(Handle {
+                engine: self.clone(),
+                workflow_id: workflow_id.to_owned(),
+                attached: false,
+            }),
+            Ok(Err(e)) => Err(e),
+            Ok(Ok(false)) | Err(_) => match self.core.store.workflow(workflow_id).await? {
+                Some(existing) => self.attach_if_same(workflow_id, existing.input_hash == hash),
+                None => Err(Error::ShuttingDown),
+            },
+        }
+    }
+
+    fn attach_if_same(&self, workflow_id: &str, same: bool) -> Result<Handle<S>> {
+        if same {
+            Ok(Handle {
+                engine: self.clone(),
+                workflow_id: workflow_id.to_owned(),
+                attached: true,
+            })
+        } else {
+            Err(Error::Conflict {
+                workflow_id: workflow_id.to_owned(),
+            })
+        }
+    }
+
+    /// Waits up to `timeout` for workflow `workflow_id` to end, whichever process runs it: by in-process
+    /// notification, Postgres `NOTIFY` from other processes, and polling as the source of truth.
+    pub async fn wait(&self, workflow_id: &str, timeout: Duration) -> Result<Option<Outcome>> {
+        let deadline = Instant::now() + timeout;
+        let mut finished = self.core.finished.subscribe();
+        let mut asked_remote = false;
+        loop {
+            let here = self.core.running().contains_key(workflow_id);
+            if !here {
+                let record = if asked_remote {
+                    self.core.store.workflow(workflow_id).await?
+                } else {
+                    asked_remote = self.listen_remote().await;
+                    if asked_remote {
+                        self.core.store.request_notify(workflow_id).await?
+                    } else {
+                        self.core.store.workflow(workflow_id).await?
+                    }
+                };
+                let record = record.ok_or_else(|| Error::NotFound(workflow_id.to_owned()))?;
+                if let Some(outcome) = Outcome::from_record(&record) {
+                    return Ok(Some(outcome));
+                }
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Ok(None);
+            }
+            let slice = (deadline - now).min(self.core.config.poll_interval);
+            let heard = tokio::time::timeout(slice, async {
+                loop {
+                    match finished.recv().await {
+                        Ok(f) if &*f.workflow_id == workflow_id => return f.outcome,
+                        Ok(_) => {}
+                        Err(broadcast::error::RecvError::Lagged(_)) => return None,
+                        Err(broadcast::error::RecvError::Closed) => {
+                            std::future::pending::<()>().await
+                        }
+                    }
+                }
+            })
+            .await;
+            if let Ok(Some(outcome)) = heard {
+                return Ok(Some((*outcome).clone()));
+            }
+        }
+    }
+
+    /// Starts, once, the task that forwards other processes' notifications; whether this backend has them.
+    async fn listen_remote(&self) -> bool {
+        if self.core.store.backend() != "postgres" {
+            return false;
+        }
+        let core = self.core.clone();
+        self.core
+            .listener
+            .get_or_init(|| async move {
+                tokio::spawn(async move {
+                    loop {
+                        match core.store.listen().await {
+                            Ok(Some(mut listener)) => loop {
+                                tokio::select! {
+                                    () = core.shutdown.cancelled() => return,
+                                    got = listener.recv() => match got {
+                                        Ok(id) => core.announce(&id, None),
+                                        Err(e) => {
+                                            tracing::warn!(error = %e, "notification listener failed; reconnecting");
+                                            break;
+                                        }
+                                    },
+                                }
+                            },
+                            Ok(None) => return,
+                            Err(e) => tracing::warn!(error = %e, "could not listen for notifications"),
+                        }
+                        tokio::select! {
+                            () = core.shutdown.cancelled() => return,
+                            () = tokio::time::sleep(Duration::from_secs(1)) => {}
+                        }
+                    }
+                });
+            })
+            .await;
+        true
+    }
+
+    /// Claims due workflows (up to the free share of `max_concurrent`) and runs them. Returns how many.
+    pub async fn recover_once(&self) -> Result<usize> {
+        if self.core.shutdown.is_cancelled() {
+            return Ok(0);
+        }
+        let free = self
+            .core
+            .config
+            .max_concurrent
+            .saturating_sub(self.core.running().len());
+        if free == 0 {
+            return Ok(0);
+        }
+        let now = self.core.now();
+        let lease_until = now + millis(self.core.config.lease);
+        let claimed = self
+            .core
+            .store
+            .claim_due(
+                &self.core.owner,
+                now,
+                lease_until,
+                i64::try_from(free).unwrap_or(i64::MAX),
+            )
+            .await?;
+        let count = claimed.len();
+        for record in claimed {
+            let Some(wf) = self.core.registry.get(record.name.as_str()).cloned() else {
+                tracing::warn!(workflow_id = %record.workflow_id, name = %record.name,
+                    "no workflow type of this name is registered here; leaving it to another process");
+                self.core
+                    .store
+                    .release(&record.workflow_id, record.lease_epoch, lease_until, now)
+                    .await?;
+                continue;
+            };
+            tracing::info!(workflow_id = %record.workflow_id, state = %record.state, "resuming workflow");
+            self.core
+                .running()
+                .insert(record.workflow_id.clone(), record.input_hash.clone());
+            tokio::spawn(drive(self.core.clone(), wf, record, false, None));
+        }
+        Ok(count)
+    }
+
+    /// Spawns the recovery loop and the lease heartbeat; both stop at [`Engine::shutdown`].
+    pub fn spawn_background(&self) -> JoinHandle<()> {
+        let engine = self.clone();
+        tokio::spawn(async move {
+            let core = &engine.core;
+            let mut heartbeat = tokio::time::interval(core.config.lease / 3);
+            let mut poll = tokio::time::interval(core.config.poll_interval);
+            heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    () = core.shutdown.cancelled() => return,
+                    _ = heartbeat.tick() => {
+                        let now = core.now();
+                        if let Err(e) = core.store.heartbeat(&core.owner, now + millis(core.config.lease), now).await {
+                            tracing::warn!(error = %e, "lease heartbeat failed");
+                        }
+                    }
+                    _ = poll.tick() => {
+                        if let Err(e) = engine.recover_once().await {
+                            tracing::warn!(error = %e, "recovery scan failed");
+                        }
+                    }
+                }
+            }
+        })
+    }
+
+    /// Stops taking work, lets running workflows reach their next step boundary (up to `grace`), then
+    /// releases every lease this engine still holds so another process can resume at once.
+    pub async fn shutdown(&self, grace: Duration) -> Result<()> {
+        self.core.shutdown.cancel();
+        let deadline = Instant::now() + grace;
+        while !self.core.running().is_empty() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        self.core
+            .store
+            .release_all(&self.core.owner, self.core.now())
+            .await?;
+        Ok(())
+    }
+
+    /// A workflow with its steps and compensations.
+    pub async fn workflow(&self, workflow_id: &str) -> Result<Option<WorkflowView>> {
+        let Some(workflow) = self.core.store.workflow(workflow_id).await? else {
+            return Ok(None);
+        };
+        let (steps, compensations) = tokio::try_join!(
+            self.core.store.steps(workflow_id),
+            self.core.store.compensations(workflow_id)
+        )?;
+        Ok(Some(WorkflowView {
+            workflow,
+            steps,
+            compensations,
+        }))
+    }
+
+    /// A page of workflows, newest first, optionally in one state, created before `before` (ms).
+    pub async fn list(
+        &self,
+        state: Option<&str>,
+        before: Option<i64>,
+        limit: i64,
+    ) -> Result<Vec<WorkflowRecord>> {
+        self.core
+            .store
+            .list(state, before, limit.clamp(1, 1000))
+            .await
+    }
+
+    /// Retries a workflow that ended badly: `compensation_failed` runs its compensations again; `failed`
+    /// with no compensation done (e.g. a step mismatch) runs forward again from the failed step.
+    pub async fn retry(&self, workflow_id: &str) -> Result<WorkflowRecord> {
+        let view = self
+            .workflow(workflow_id)
+            .await?
+            .ok_or_else(|| Error::NotFound(workflow_id.to_owned()))?;
+        let now = self.core.now();
+        let (from, how): (&[&str], Reopen) = match view.workflow.state.as_str() {
+            state::COMPENSATION_FAILED => (&[state::COMPENSATION_FAILED], Reopen::Compensation),
+            state::FAILED if view.compensations.iter().all(|c| c.status != "done") => {
+                (&[state::FAILED], Reopen::Forward)
+            }
+            other => {
+                return Err(Error::InvalidState {
+                    workflow_id: workflow_id.to_owned(),
+                    state: other.to_owned(),
+                    reason: "only compensation_failed workflows, or failed ones with nothing compensated, can be retried",
+                });
+            }
+        };
+        self.core
+            .store
+            .reopen(workflow_id, from, how, None, now)
+            .await?
+            .ok_or_else(|| Error::InvalidState {
+                workflow_id: workflow_id.to_owned(),
+                state: "changed".to_owned(),
+                reason: "the workflow changed state meanwhile",
+            })
+    }
+
+    /// Cancels a running workflow: any current run is fenced out, the registered compensations run, and the
+    /// workflow ends `cancelled`.
+    pub async fn cancel(&self, workflow_id: &str) -> Result<WorkflowRecord> {
+        let failure = Failure::new(CANCELLED_CODE, "cancelled by an operator");
+        let now = self.core.now();
+        let reopened = self
+            .core
+            .store
+            .reopen(
+                workflow_id,
+                &[state::RUNNING],
+                Reopen::Cancel,
+                Some(failure_json(&failure)),
+                now,
+            )
+            .await?;
+        match reopened {
+            Some(record) => Ok(record),
+            None => {
+                let state = self
+                    .core
+                    .store
+                    .workflow(workflow_id)
+                    .await?
+                    .map(|w| w.state)
+                    .unwrap_or_default();
+                Err(Error::InvalidState {
+                    workflow_id: workflow_id.to_owned(),
+                    state,
+                    reason: "only running workflows can be cancelled",
+                })
+            }
+        }
+    }
+}
+
+/// SHA-256 of a workflow's input JSON, hex.
+pub(crate) fn input_hash(input: &str) -> String {
+    let digest = Sha256::digest(input.as_bytes());
+    digest.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX / 2)
+}

@@ -1,0 +1,253 @@
+//! Driving one workflow instance: run or replay its body, then its compensations, and handle every way it can
+//! stop (a wait, a lost lease, a shutdown, a database failure).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::context::{WorkflowContext, failure_json, parse_failure};
+use crate::engine::{Core, StartSignal};
+use crate::error::{Error, Failure, Interrupt};
+use crate::outcome::Outcome;
+use crate::store::{StepRecord, Store, WorkflowRecord, WorkflowUpdate, compensation_status, state};
+use crate::workflow::{Compensation, ErasedWorkflow};
+
+/// Runs `record` until it ends or stops, then tells waiters. `insert` is true for a fresh start whose row the
+/// first commit inserts.
+pub(crate) async fn drive<S: Store>(
+    core: Arc<Core<S>>,
+    wf: Arc<dyn ErasedWorkflow<S>>,
+    record: WorkflowRecord,
+    insert: bool,
+    started: Option<StartSignal>,
+) {
+    let id = record.workflow_id.clone();
+    let outcome = drive_until_stopped(&core, wf.as_ref(), record, insert, started).await;
+    core.forget_running(&id);
+    if let Some(outcome) = outcome {
+        core.announce(&id, Some(Arc::new(outcome)));
+    }
+}
+
+async fn drive_until_stopped<S: Store>(
+    core: &Arc<Core<S>>,
+    wf: &dyn ErasedWorkflow<S>,
+    mut record: WorkflowRecord,
+    mut insert: bool,
+    mut started: Option<StartSignal>,
+) -> Option<Outcome> {
+    let id = record.workflow_id.clone();
+    let mut carried: Vec<StepRecord> = Vec::new();
+    let mut attempts: HashMap<String, u32> = HashMap::new();
+    loop {
+        let history = if insert {
+            Ok((Vec::new(), Vec::new()))
+        } else {
+            tokio::try_join!(core.store.steps(&id), core.store.compensations(&id))
+        };
+        let (steps, comps) = match history {
+            Ok(h) => h,
+            Err(e) => {
+                release_after_error(core, &record, e).await;
+                return None;
+            }
+        };
+        let mut ctx =
+            WorkflowContext::new(core.clone(), &record, insert, steps, &comps, started.take());
+        ctx.restore_pending(std::mem::take(&mut carried));
+        ctx.set_attempts(std::mem::take(&mut attempts));
+        let result = run_once(&mut ctx, wf, &record).await;
+        started = ctx.take_started();
+        match result {
+            Ok(outcome) => return Some(outcome),
+            Err(Interrupt::Retry { delay_ms }) => {
+                let delay = Duration::from_millis(delay_ms);
+                if delay > core.config.max_inline_wait || core.shutdown.is_cancelled() {
+                    let until = core.now() + i64::try_from(delay_ms).unwrap_or(0);
+                    let _ = ctx
+                        .commit(WorkflowUpdate {
+                            release_until: Some(until),
+                            ..Default::default()
+                        })
+                        .await;
+                    signal(started, Err(Error::ShuttingDown));
+                    return None;
+                }
+                tokio::time::sleep(delay).await;
+                let (pending, unrecorded) = ctx.take_pending();
+                carried = pending;
+                insert = unrecorded.is_some();
+                attempts = ctx.into_attempts();
+                if !insert {
+                    // The body may have moved the workflow on (to compensating) before the retry.
+                    match core.store.workflow(&id).await {
+                        Ok(Some(now)) if now.lease_epoch == record.lease_epoch => record = now,
+                        _ => return None,
+                    }
+                }
+            }
+            Err(Interrupt::Suspended { .. } | Interrupt::LeaseLost) => return None,
+            Err(Interrupt::Shutdown) => {
+                let now = core.now();
+                let _ = ctx
+                    .commit(WorkflowUpdate {
+                        release_until: Some(now),
+                        ..Default::default()
+                    })
+                    .await;
+                signal(started, Err(Error::ShuttingDown));
+                return None;
+            }
+            Err(Interrupt::Duplicate) => {
+                signal(started, Ok(false));
+                return None;
+            }
+            Err(other) => {
+                ctx.abort_phase().await;
+                let e = match other {
+                    Interrupt::Engine(e) => e,
+                    other => Error::NotFound(other.to_string()),
+                };
+                tracing::warn!(workflow_id = %id, error = %e, "workflow run stopped; it will be retried");
+                if !insert {
+                    let _ = core
+                        .store
+                        .release(&id, record.lease_epoch, core.now() + 1000, core.now())
+                        .await;
+                }
+                signal(started, Err(e));
+                return None;
+            }
+        }
+    }
+}
+
+fn signal(started: Option<StartSignal>, result: Result<bool, Error>) {
+    if let Some(s) = started {
+        let _ = s.send(result);
+    }
+}
+
+async fn release_after_error<S: Store>(core: &Core<S>, record: &WorkflowRecord, e: Error) {
+    tracing::warn!(workflow_id = %record.workflow_id, error = %e, "could not load the workflow's history");
+    let now = core.now();
+    let _ = core
+        .store
+        .release(&record.workflow_id, record.lease_epoch, now + 1000, now)
+        .await;
+}
+
+/// Runs the body (unless it already failed), then the compensations of a failure.
+async fn run_once<S: Store>(
+    ctx: &mut WorkflowContext<S>,
+    wf: &dyn ErasedWorkflow<S>,
+    record: &WorkflowRecord,
+) -> Result<Outcome, Interrupt> {
+    let failure = if record.state == state::RUNNING {
+        match wf.run(ctx, &record.input).await {
+            Ok(output) => {
+                let value: Value = serde_json::from_str(&output).unwrap_or(Value::Null);
+                ctx.commit(finish(state::COMPLETED, Some(output), None, ctx.now_ms()))
+                    .await?;
+                return Ok(Outcome::Completed(value));
+            }
+            Err(Interrupt::Failed(failure)) => {
+                let update = WorkflowUpdate {
+                    state: Some(state::COMPENSATING),
+                    error: Some(failure_json(&failure)),
+                    ..Default::default()
+                };
+                ctx.commit(update).await?;
+                failure
+            }
+            Err(e @ Interrupt::StepMismatch { .. }) => {
+                ctx.abort_phase().await;
+                let failure = Failure::new("step_mismatch", e.to_string());
+                ctx.commit(finish(state::FAILED, None, Some(&failure), ctx.now_ms()))
+                    .await?;
+                return Ok(Outcome::Failed(failure));
+            }
+            Err(other) => return Err(other),
+        }
+    } else {
+        parse_failure(record.error.as_deref())
+    };
+    compensate(ctx, wf, failure).await
+}
+
+/// Runs the registered compensations in reverse order, each as durable steps; ends the workflow.
+async fn compensate<S: Store>(
+    ctx: &mut WorkflowContext<S>,
+    wf: &dyn ErasedWorkflow<S>,
+    failure: Failure,
+) -> Result<Outcome, Interrupt> {
+    let comps = ctx.core().store.compensations(ctx.workflow_id()).await?;
+    for c in comps
+        .iter()
+        .rev()
+        .filter(|c| c.status != compensation_status::DONE)
+    {
+        ctx.set_prefix(format!("compensate/{}/", c.seq));
+        let compensation = Compensation {
+            step_key: c.step_key.clone(),
+            name: c.name.clone(),
+            input: serde_json::from_str(&c.input).unwrap_or(Value::Null),
+        };
+        match wf.compensate(ctx, &compensation, &failure).await {
+            Ok(()) => ctx.push_compensation_status(c.clone(), compensation_status::DONE),
+            Err(e @ (Interrupt::Failed(_) | Interrupt::StepMismatch { .. })) => {
+                ctx.abort_phase().await;
+                ctx.push_compensation_status(c.clone(), compensation_status::FAILED);
+                let reason = match e {
+                    Interrupt::Failed(f) => f,
+                    other => Failure::new("step_mismatch", other.to_string()),
+                };
+                let mut failed = failure.clone();
+                failed.details = json!({
+                    "details": failure.details,
+                    "compensation": { "name": c.name, "step_key": c.step_key, "failure": reason },
+                });
+                ctx.set_prefix(String::new());
+                ctx.commit(finish(
+                    state::COMPENSATION_FAILED,
+                    None,
+                    Some(&failed),
+                    ctx.now_ms(),
+                ))
+                .await?;
+                return Ok(Outcome::CompensationFailed(failed));
+            }
+            Err(other) => return Err(other),
+        }
+    }
+    ctx.set_prefix(String::new());
+    let cancelled = failure.code == crate::engine::CANCELLED_CODE;
+    let final_state = if cancelled {
+        state::CANCELLED
+    } else {
+        state::FAILED
+    };
+    ctx.commit(finish(final_state, None, Some(&failure), ctx.now_ms()))
+        .await?;
+    Ok(if cancelled {
+        Outcome::Cancelled(failure)
+    } else {
+        Outcome::Failed(failure)
+    })
+}
+
+fn finish(
+    state: &'static str,
+    output: Option<String>,
+    failure: Option<&Failure>,
+    now: i64,
+) -> WorkflowUpdate {
+    WorkflowUpdate {
+        state: Some(state),
+        output,
+        error: failure.map(failure_json),
+        release_until: Some(now),
+    }
+}

@@ -1,0 +1,83 @@
+//! How a step is described to the context, and what an attempt is told about the attempts before it.
+
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::retry::RetryPolicy;
+
+/// A step's key, name, retry policy and compensation.
+///
+/// `&str` converts into a spec whose name is its key and whose retry policy is the default.
+#[derive(Debug, Clone)]
+pub struct StepSpec {
+    pub(crate) key: String,
+    pub(crate) name: String,
+    pub(crate) retry: RetryPolicy,
+    pub(crate) compensation: Option<(String, Value)>,
+}
+
+/// A step under `key` (unique within its workflow), named after its key.
+pub fn step(key: impl Into<String>) -> StepSpec {
+    let key = key.into();
+    StepSpec {
+        name: key.clone(),
+        key,
+        retry: RetryPolicy::default(),
+        compensation: None,
+    }
+}
+
+impl StepSpec {
+    /// Names what the step does when its key is not that name (`poll:3` named `poll`).
+    pub fn named(mut self, name: impl Into<String>) -> Self {
+        self.name = name.into();
+        self
+    }
+
+    /// The retry policy for this step's retryable failures.
+    pub fn retry(mut self, policy: RetryPolicy) -> Self {
+        self.retry = policy;
+        self
+    }
+
+    /// Registers the workflow's compensation `name` with `input`, durably and before the step runs; it runs
+    /// if the workflow later fails.
+    pub fn compensate_with(mut self, name: impl Into<String>, input: impl Serialize) -> Self {
+        let input = serde_json::to_value(input).unwrap_or(Value::Null);
+        self.compensation = Some((name.into(), input));
+        self
+    }
+}
+
+impl From<&str> for StepSpec {
+    fn from(key: &str) -> Self {
+        step(key)
+    }
+}
+
+impl From<String> for StepSpec {
+    fn from(key: String) -> Self {
+        step(key)
+    }
+}
+
+/// What an external step's attempt knows about the attempts before it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Previous {
+    /// This is the first attempt.
+    None,
+    /// An earlier attempt may have had its effect: the process died during it, or it ended with an unknown
+    /// outcome. Find out what happened before acting again.
+    Unknown,
+    /// An earlier attempt failed retryably with this message; nothing happened.
+    Failed(String),
+}
+
+/// One attempt of an external step.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attempt {
+    /// 1 for the first attempt, counting attempts in earlier processes too.
+    pub number: u32,
+    /// What the attempts before this one left behind.
+    pub previous: Previous,
+}

@@ -1,0 +1,324 @@
+//! Where workflows, steps and compensations are kept: one [`Store`] trait, one implementation per database.
+//!
+//! Writes that belong to a step take the caller's connection inside an open transaction, so that a step's
+//! business writes, its step row and the workflow's progress commit together.
+
+use std::future::Future;
+
+use serde::Serialize;
+
+use crate::error::Result;
+
+mod postgres;
+mod shared;
+mod sqlite;
+
+pub use postgres::{MIGRATOR as POSTGRES_MIGRATOR, PgStore};
+pub use sqlite::{MIGRATOR as SQLITE_MIGRATOR, SqliteStore};
+
+/// A connection of the store's database, as handed to transactional steps.
+pub type Conn<S> = <<S as Store>::Db as sqlx::Database>::Connection;
+
+/// An open transaction of the store's database.
+pub type Tx<S> = sqlx::Transaction<'static, <S as Store>::Db>;
+
+/// Workflow states as stored.
+pub mod state {
+    /// Running forward, or waiting to run (see `next_attempt_at` and the lease).
+    pub const RUNNING: &str = "running";
+    /// A step failed terminally (or the workflow was cancelled); compensations are running.
+    pub const COMPENSATING: &str = "compensating";
+    /// Finished with an output.
+    pub const COMPLETED: &str = "completed";
+    /// Failed; every registered compensation has run.
+    pub const FAILED: &str = "failed";
+    /// Failed, and a compensation could not finish: an operator must look.
+    pub const COMPENSATION_FAILED: &str = "compensation_failed";
+    /// Cancelled by an operator; every registered compensation has run.
+    pub const CANCELLED: &str = "cancelled";
+
+    /// Whether a workflow in `state` will not change again without an operator.
+    pub fn is_final(state: &str) -> bool {
+        !matches!(state, RUNNING | COMPENSATING)
+    }
+}
+
+/// A workflow instance as stored.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, sqlx::FromRow)]
+pub struct WorkflowRecord {
+    /// Caller-chosen id, the idempotency key of the start.
+    pub workflow_id: String,
+    /// Registered workflow type.
+    pub name: String,
+    /// Input as JSON text.
+    pub input: String,
+    /// SHA-256 of the input, hex.
+    pub input_hash: String,
+    /// One of [`state`]'s constants.
+    pub state: String,
+    /// Output as JSON text, once completed.
+    pub output: Option<String>,
+    /// The failure as JSON text, once failed.
+    pub error: Option<String>,
+    /// Worker holding the lease.
+    pub lease_owner: Option<String>,
+    /// When the lease ends (ms since the epoch).
+    pub lease_expires_at: Option<i64>,
+    /// Incremented on every claim; every commit checks it.
+    pub lease_epoch: i64,
+    /// Not runnable before this time (ms since the epoch).
+    pub next_attempt_at: i64,
+    /// A waiter in another process asked to be notified when the workflow ends.
+    pub notify: bool,
+    /// Creation time (ms since the epoch).
+    pub created_at: i64,
+    /// Time of the last change (ms since the epoch).
+    pub updated_at: i64,
+}
+
+/// Step kinds as stored.
+pub mod kind {
+    /// Runs inside the workflow's transaction.
+    pub const TRANSACTIONAL: &str = "transactional";
+    /// A call outside the database: intent committed before, outcome after.
+    pub const EXTERNAL: &str = "external";
+}
+
+/// Step statuses as stored.
+pub mod step_status {
+    /// Intent committed, no outcome yet: if met on resume, the outcome is unknown.
+    pub const STARTED: &str = "started";
+    /// The last attempt's outcome is unknown; the next attempt must resolve it.
+    pub const UNKNOWN: &str = "unknown";
+    /// The last attempt failed retryably; the next attempt waits for `next_attempt_at`.
+    pub const RETRYING: &str = "retrying";
+    /// Finished with an output.
+    pub const COMPLETED: &str = "completed";
+    /// Failed terminally.
+    pub const FAILED: &str = "failed";
+}
+
+/// One step of a workflow as stored, unique on `(workflow_id, step_key)`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, sqlx::FromRow)]
+pub struct StepRecord {
+    /// The workflow.
+    pub workflow_id: String,
+    /// Unique within the workflow.
+    pub step_key: String,
+    /// What the step does (the same name may run under several keys).
+    pub step_name: String,
+    /// One of [`kind`]'s constants.
+    pub kind: String,
+    /// One of [`step_status`]'s constants.
+    pub status: String,
+    /// Attempts started so far.
+    pub attempts: i32,
+    /// Output as JSON text, once completed.
+    pub output: Option<String>,
+    /// The last error as JSON text or message.
+    pub error: Option<String>,
+    /// When the first attempt started (ms since the epoch).
+    pub started_at: i64,
+    /// When the step completed or failed (ms since the epoch).
+    pub finished_at: Option<i64>,
+}
+
+/// Compensation statuses as stored.
+pub mod compensation_status {
+    /// Registered; runs if the workflow fails.
+    pub const REGISTERED: &str = "registered";
+    /// Has run to completion.
+    pub const DONE: &str = "done";
+    /// Failed terminally.
+    pub const FAILED: &str = "failed";
+}
+
+/// A compensation registered before its forward step ran.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, sqlx::FromRow)]
+pub struct CompensationRecord {
+    /// The workflow.
+    pub workflow_id: String,
+    /// Registration order; compensations run in reverse.
+    pub seq: i32,
+    /// The forward step it undoes.
+    pub step_key: String,
+    /// Which compensation of the workflow type to run.
+    pub name: String,
+    /// Its input as JSON text.
+    pub input: String,
+    /// One of [`compensation_status`]'s constants.
+    pub status: String,
+}
+
+/// The change a commit makes to its workflow's row, applied only while the committer holds the lease.
+#[derive(Debug, Clone, Default)]
+pub struct WorkflowUpdate {
+    /// New state, if it changes.
+    pub state: Option<&'static str>,
+    /// Output JSON, when completing.
+    pub output: Option<String>,
+    /// Failure JSON, when failing.
+    pub error: Option<String>,
+    /// Release the lease and make the workflow runnable again at this time.
+    pub release_until: Option<i64>,
+}
+
+/// Operator actions that rewrite a workflow's state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reopen {
+    /// Run forward again from the failed step: its failed step rows are deleted.
+    Forward,
+    /// Run the compensations again: failed compensation steps are deleted.
+    Compensation,
+    /// Cancel: move to compensating with a `cancelled` failure.
+    Cancel,
+}
+
+/// Persistence of the engine. Implemented for Postgres ([`PgStore`]) and SQLite ([`SqliteStore`]); both pass
+/// the same conformance suite.
+pub trait Store: Clone + Send + Sync + 'static {
+    /// The sqlx database.
+    type Db: sqlx::Database;
+
+    /// Short name of the backend (`postgres`, `sqlite`).
+    fn backend(&self) -> &'static str;
+
+    /// The connection pool, for business reads outside steps.
+    fn pool(&self) -> &sqlx::Pool<Self::Db>;
+
+    /// Applies the embedded migrations.
+    fn migrate(&self) -> impl Future<Output = Result<()>> + Send;
+
+    /// Begins a write transaction (SQLite: `BEGIN IMMEDIATE`, so it never has to upgrade a read lock).
+    fn begin(&self) -> impl Future<Output = Result<Tx<Self>>> + Send;
+
+    /// Inserts a new workflow, already leased to its starter. `false` when the id exists.
+    fn insert_workflow(
+        &self,
+        conn: &mut Conn<Self>,
+        wf: &WorkflowRecord,
+    ) -> impl Future<Output = Result<bool>> + Send;
+
+    /// Inserts or replaces step rows.
+    fn write_steps(
+        &self,
+        conn: &mut Conn<Self>,
+        steps: &[StepRecord],
+    ) -> impl Future<Output = Result<()>> + Send;
+
+    /// Inserts or replaces compensation rows.
+    fn write_compensations(
+        &self,
+        conn: &mut Conn<Self>,
+        comps: &[CompensationRecord],
+    ) -> impl Future<Output = Result<()>> + Send;
+
+    /// The fence of every commit: applies `update` only if the workflow's `lease_epoch` is still `epoch`.
+    /// Returns `None` when the lease was lost, else whether a waiter elsewhere asked to be notified.
+    fn fence(
+        &self,
+        conn: &mut Conn<Self>,
+        workflow_id: &str,
+        epoch: i64,
+        update: &WorkflowUpdate,
+        now: i64,
+    ) -> impl Future<Output = Result<Option<bool>>> + Send;
+
+    /// Tells waiters in other processes that the workflow ended (Postgres `NOTIFY`; a no-op elsewhere).
+    fn notify_finished(
+        &self,
+        conn: &mut Conn<Self>,
+        workflow_id: &str,
+    ) -> impl Future<Output = Result<()>> + Send;
+
+    /// One workflow.
+    fn workflow(
+        &self,
+        workflow_id: &str,
+    ) -> impl Future<Output = Result<Option<WorkflowRecord>>> + Send;
+
+    /// A workflow's steps, in the order they started.
+    fn steps(&self, workflow_id: &str) -> impl Future<Output = Result<Vec<StepRecord>>> + Send;
+
+    /// A workflow's compensations, in registration order.
+    fn compensations(
+        &self,
+        workflow_id: &str,
+    ) -> impl Future<Output = Result<Vec<CompensationRecord>>> + Send;
+
+    /// Claims up to `limit` runnable workflows (due, lease free or expired) for `owner` until `lease_until`,
+    /// incrementing each one's epoch.
+    fn claim_due(
+        &self,
+        owner: &str,
+        now: i64,
+        lease_until: i64,
+        limit: i64,
+    ) -> impl Future<Output = Result<Vec<WorkflowRecord>>> + Send;
+
+    /// Extends every lease `owner` holds on an unfinished workflow. Returns how many.
+    fn heartbeat(
+        &self,
+        owner: &str,
+        lease_until: i64,
+        now: i64,
+    ) -> impl Future<Output = Result<u64>> + Send;
+
+    /// Releases one workflow, runnable again at `next_attempt_at`, if `epoch` still holds it.
+    fn release(
+        &self,
+        workflow_id: &str,
+        epoch: i64,
+        next_attempt_at: i64,
+        now: i64,
+    ) -> impl Future<Output = Result<bool>> + Send;
+
+    /// Releases every workflow `owner` holds, runnable at once. Returns how many.
+    fn release_all(&self, owner: &str, now: i64) -> impl Future<Output = Result<u64>> + Send;
+
+    /// Marks that a waiter in another process wants a notification; returns the workflow as it is now.
+    fn request_notify(
+        &self,
+        workflow_id: &str,
+    ) -> impl Future<Output = Result<Option<WorkflowRecord>>> + Send;
+
+    /// A page of workflows, newest first, optionally in one state, created before `before` (ms).
+    fn list(
+        &self,
+        state: Option<&str>,
+        before: Option<i64>,
+        limit: i64,
+    ) -> impl Future<Output = Result<Vec<WorkflowRecord>>> + Send;
+
+    /// Operator retry or cancel: rewrites the workflow (and bumps its epoch, fencing out any current runner)
+    /// if it is in one of `from_states`. Returns the workflow after the change, or `None` if its state did
+    /// not allow it.
+    fn reopen(
+        &self,
+        workflow_id: &str,
+        from_states: &[&str],
+        how: Reopen,
+        error: Option<String>,
+        now: i64,
+    ) -> impl Future<Output = Result<Option<WorkflowRecord>>> + Send;
+
+    /// Waits for a notification that some workflow ended in another process (Postgres `LISTEN`). Returns the
+    /// workflow id; `None` when this backend has no such channel (the caller then polls).
+    fn listen(&self) -> impl Future<Output = Result<Option<Listener>>> + Send;
+}
+
+/// A stream of ids of workflows that ended in another process.
+pub struct Listener(pub(crate) ListenerInner);
+
+pub(crate) enum ListenerInner {
+    Postgres(sqlx::postgres::PgListener),
+}
+
+impl Listener {
+    /// The next finished workflow's id.
+    pub async fn recv(&mut self) -> Result<String> {
+        match &mut self.0 {
+            ListenerInner::Postgres(l) => Ok(l.recv().await?.payload().to_owned()),
+        }
+    }
+}

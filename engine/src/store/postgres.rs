@@ -1,0 +1,102 @@
+//! The Postgres store: for production and for many processes against one database.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use sqlx::Postgres;
+use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
+
+use super::{
+    CompensationRecord, Conn, Listener, ListenerInner, Reopen, StepRecord, Store, Tx,
+    WorkflowRecord, WorkflowUpdate, shared, shared::shared_store_methods, state,
+};
+use crate::error::Result;
+
+/// The embedded Postgres migrations (engine and payment tables).
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/postgres");
+
+const NOTIFY_CHANNEL: &str = "onceflow_workflow_done";
+
+/// A [`Store`] on Postgres.
+#[derive(Debug, Clone)]
+pub struct PgStore {
+    pool: sqlx::PgPool,
+}
+
+impl PgStore {
+    /// Connects a pool of up to `max_connections` to `url` (`postgres://…`).
+    pub async fn connect(url: &str, max_connections: u32) -> Result<Self> {
+        let options = PgConnectOptions::from_str(url)?;
+        let pool = PgPoolOptions::new()
+            .max_connections(max_connections)
+            .acquire_timeout(Duration::from_secs(5))
+            .connect_with(options)
+            .await?;
+        Ok(Self { pool })
+    }
+
+    /// A store over an existing pool.
+    pub fn from_pool(pool: sqlx::PgPool) -> Self {
+        Self { pool }
+    }
+
+    const SELECT_STATE_FOR_UPDATE: &str =
+        "SELECT state FROM workflows WHERE workflow_id = $1 FOR UPDATE";
+}
+
+impl Store for PgStore {
+    type Db = Postgres;
+
+    fn backend(&self) -> &'static str {
+        "postgres"
+    }
+
+    shared_store_methods!();
+
+    async fn migrate(&self) -> Result<()> {
+        MIGRATOR.run(&self.pool).await?;
+        Ok(())
+    }
+
+    async fn begin(&self) -> Result<Tx<Self>> {
+        Ok(self.pool.begin().await?)
+    }
+
+    async fn notify_finished(&self, conn: &mut Conn<Self>, workflow_id: &str) -> Result<()> {
+        sqlx::query("SELECT pg_notify($1, $2)")
+            .bind(NOTIFY_CHANNEL)
+            .bind(workflow_id)
+            .execute(&mut *conn)
+            .await?;
+        Ok(())
+    }
+
+    async fn claim_due(
+        &self,
+        owner: &str,
+        now: i64,
+        lease_until: i64,
+        limit: i64,
+    ) -> Result<Vec<WorkflowRecord>> {
+        Ok(sqlx::query_as(
+            "UPDATE workflows w SET lease_owner = $1, lease_expires_at = $3, lease_epoch = w.lease_epoch + 1 \
+             FROM (SELECT workflow_id FROM workflows \
+                   WHERE state IN ('running', 'compensating') AND next_attempt_at <= $2 \
+                     AND (lease_expires_at IS NULL OR lease_expires_at <= $2) \
+                   ORDER BY next_attempt_at LIMIT $4 FOR UPDATE SKIP LOCKED) due \
+             WHERE w.workflow_id = due.workflow_id RETURNING w.*",
+        )
+        .bind(owner)
+        .bind(now)
+        .bind(lease_until)
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    async fn listen(&self) -> Result<Option<Listener>> {
+        let mut listener = PgListener::connect_with(&self.pool).await?;
+        listener.listen(NOTIFY_CHANNEL).await?;
+        Ok(Some(Listener(ListenerInner::Postgres(listener))))
+    }
+}

@@ -1,0 +1,290 @@
+//! The queries both backends run as the same SQL text (`$n` parameters work on Postgres and SQLite alike).
+//! Expanded once per backend by `shared_store_methods!`, so each backend's `Store` impl stays concrete.
+
+/// Columns of `workflows`, in the order of [`super::WorkflowRecord`].
+pub(crate) const INSERT_WORKFLOW: &str = "INSERT INTO workflows (workflow_id, name, input, input_hash, state, output, \
+    error, lease_owner, lease_expires_at, lease_epoch, next_attempt_at, notify, created_at, updated_at) \
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14) ON CONFLICT (workflow_id) DO NOTHING";
+
+pub(crate) const FENCE: &str = "UPDATE workflows SET state = COALESCE($3, state), output = COALESCE($4, output), \
+    error = COALESCE($5, error), \
+    lease_owner = CASE WHEN $6 IS NULL THEN lease_owner ELSE NULL END, \
+    lease_expires_at = CASE WHEN $6 IS NULL THEN lease_expires_at ELSE NULL END, \
+    next_attempt_at = COALESCE($6, next_attempt_at), updated_at = $7 \
+    WHERE workflow_id = $1 AND lease_epoch = $2 RETURNING notify";
+
+pub(crate) const SELECT_WORKFLOW: &str = "SELECT * FROM workflows WHERE workflow_id = $1";
+pub(crate) const SELECT_STEPS: &str =
+    "SELECT * FROM workflow_steps WHERE workflow_id = $1 ORDER BY started_at, step_key";
+pub(crate) const SELECT_COMPENSATIONS: &str =
+    "SELECT * FROM workflow_compensations WHERE workflow_id = $1 ORDER BY seq";
+pub(crate) const HEARTBEAT: &str = "UPDATE workflows SET lease_expires_at = $2 \
+    WHERE lease_owner = $1 AND state IN ('running', 'compensating') AND lease_expires_at > $3";
+pub(crate) const RELEASE: &str = "UPDATE workflows SET lease_owner = NULL, lease_expires_at = NULL, \
+    next_attempt_at = $3, updated_at = $4 WHERE workflow_id = $1 AND lease_epoch = $2";
+pub(crate) const RELEASE_ALL: &str = "UPDATE workflows SET lease_owner = NULL, lease_expires_at = NULL, \
+    next_attempt_at = $2, updated_at = $2 WHERE lease_owner = $1";
+pub(crate) const REQUEST_NOTIFY: &str =
+    "UPDATE workflows SET notify = TRUE WHERE workflow_id = $1 RETURNING *";
+pub(crate) const LIST: &str = "SELECT * FROM workflows WHERE ($1 IS NULL OR state = $1) \
+    AND ($2 IS NULL OR created_at < $2) ORDER BY created_at DESC, workflow_id LIMIT $3";
+
+/// `INSERT … VALUES (…), (…) ON CONFLICT … DO UPDATE` for `rows` step rows.
+pub(crate) fn upsert_steps_sql(rows: usize) -> String {
+    let mut sql = String::from(
+        "INSERT INTO workflow_steps (workflow_id, step_key, step_name, kind, status, attempts, output, error, \
+         started_at, finished_at) VALUES ",
+    );
+    push_value_rows(&mut sql, rows, 10);
+    sql.push_str(
+        " ON CONFLICT (workflow_id, step_key) DO UPDATE SET step_name = excluded.step_name, kind = excluded.kind, \
+         status = excluded.status, attempts = excluded.attempts, output = excluded.output, error = excluded.error, \
+         started_at = excluded.started_at, finished_at = excluded.finished_at",
+    );
+    sql
+}
+
+/// `INSERT … VALUES (…), (…) ON CONFLICT … DO UPDATE` for `rows` compensation rows.
+pub(crate) fn upsert_compensations_sql(rows: usize) -> String {
+    let mut sql = String::from(
+        "INSERT INTO workflow_compensations (workflow_id, seq, step_key, name, input, status) VALUES ",
+    );
+    push_value_rows(&mut sql, rows, 6);
+    sql.push_str(" ON CONFLICT (workflow_id, seq) DO UPDATE SET status = excluded.status");
+    sql
+}
+
+fn push_value_rows(sql: &mut String, rows: usize, cols: usize) {
+    use std::fmt::Write;
+    for r in 0..rows {
+        sql.push_str(if r == 0 { "(" } else { ", (" });
+        for c in 0..cols {
+            let _ = write!(
+                sql,
+                "{}${}",
+                if c == 0 { "" } else { ", " },
+                r * cols + c + 1
+            );
+        }
+        sql.push(')');
+    }
+}
+
+/// The `Store` methods whose SQL and binding are the same on every backend. Expanded inside each backend's
+/// `impl Store`, where `Self::Db` is concrete.
+macro_rules! shared_store_methods {
+    () => {
+        fn pool(&self) -> &sqlx::Pool<Self::Db> {
+            &self.pool
+        }
+
+        async fn insert_workflow(&self, conn: &mut Conn<Self>, wf: &WorkflowRecord) -> Result<bool> {
+            let done = sqlx::query(shared::INSERT_WORKFLOW)
+                .bind(&wf.workflow_id)
+                .bind(&wf.name)
+                .bind(&wf.input)
+                .bind(&wf.input_hash)
+                .bind(&wf.state)
+                .bind(&wf.output)
+                .bind(&wf.error)
+                .bind(&wf.lease_owner)
+                .bind(wf.lease_expires_at)
+                .bind(wf.lease_epoch)
+                .bind(wf.next_attempt_at)
+                .bind(wf.notify)
+                .bind(wf.created_at)
+                .bind(wf.updated_at)
+                .execute(&mut *conn)
+                .await?;
+            Ok(done.rows_affected() == 1)
+        }
+
+        async fn write_steps(&self, conn: &mut Conn<Self>, steps: &[StepRecord]) -> Result<()> {
+            if steps.is_empty() {
+                return Ok(());
+            }
+            let sql = shared::upsert_steps_sql(steps.len());
+            let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
+            for s in steps {
+                q = q
+                    .bind(&s.workflow_id)
+                    .bind(&s.step_key)
+                    .bind(&s.step_name)
+                    .bind(&s.kind)
+                    .bind(&s.status)
+                    .bind(s.attempts)
+                    .bind(&s.output)
+                    .bind(&s.error)
+                    .bind(s.started_at)
+                    .bind(s.finished_at);
+            }
+            q.execute(&mut *conn).await?;
+            Ok(())
+        }
+
+        async fn write_compensations(&self, conn: &mut Conn<Self>, comps: &[CompensationRecord]) -> Result<()> {
+            if comps.is_empty() {
+                return Ok(());
+            }
+            let sql = shared::upsert_compensations_sql(comps.len());
+            let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
+            for c in comps {
+                q = q
+                    .bind(&c.workflow_id)
+                    .bind(c.seq)
+                    .bind(&c.step_key)
+                    .bind(&c.name)
+                    .bind(&c.input)
+                    .bind(&c.status);
+            }
+            q.execute(&mut *conn).await?;
+            Ok(())
+        }
+
+        async fn fence(
+            &self,
+            conn: &mut Conn<Self>,
+            workflow_id: &str,
+            epoch: i64,
+            update: &WorkflowUpdate,
+            now: i64,
+        ) -> Result<Option<bool>> {
+            let notify: Option<bool> = sqlx::query_scalar(shared::FENCE)
+                .bind(workflow_id)
+                .bind(epoch)
+                .bind(update.state)
+                .bind(&update.output)
+                .bind(&update.error)
+                .bind(update.release_until)
+                .bind(now)
+                .fetch_optional(&mut *conn)
+                .await?;
+            Ok(notify)
+        }
+
+        async fn workflow(&self, workflow_id: &str) -> Result<Option<WorkflowRecord>> {
+            Ok(sqlx::query_as(shared::SELECT_WORKFLOW).bind(workflow_id).fetch_optional(&self.pool).await?)
+        }
+
+        async fn steps(&self, workflow_id: &str) -> Result<Vec<StepRecord>> {
+            Ok(sqlx::query_as(shared::SELECT_STEPS).bind(workflow_id).fetch_all(&self.pool).await?)
+        }
+
+        async fn compensations(&self, workflow_id: &str) -> Result<Vec<CompensationRecord>> {
+            Ok(sqlx::query_as(shared::SELECT_COMPENSATIONS).bind(workflow_id).fetch_all(&self.pool).await?)
+        }
+
+        async fn heartbeat(&self, owner: &str, lease_until: i64, now: i64) -> Result<u64> {
+            let done = sqlx::query(shared::HEARTBEAT)
+                .bind(owner)
+                .bind(lease_until)
+                .bind(now)
+                .execute(&self.pool)
+                .await?;
+            Ok(done.rows_affected())
+        }
+
+        async fn release(&self, workflow_id: &str, epoch: i64, next_attempt_at: i64, now: i64) -> Result<bool> {
+            let done = sqlx::query(shared::RELEASE)
+                .bind(workflow_id)
+                .bind(epoch)
+                .bind(next_attempt_at)
+                .bind(now)
+                .execute(&self.pool)
+                .await?;
+            Ok(done.rows_affected() == 1)
+        }
+
+        async fn release_all(&self, owner: &str, now: i64) -> Result<u64> {
+            let done = sqlx::query(shared::RELEASE_ALL).bind(owner).bind(now).execute(&self.pool).await?;
+            Ok(done.rows_affected())
+        }
+
+        async fn request_notify(&self, workflow_id: &str) -> Result<Option<WorkflowRecord>> {
+            Ok(sqlx::query_as(shared::REQUEST_NOTIFY).bind(workflow_id).fetch_optional(&self.pool).await?)
+        }
+
+        async fn list(&self, state: Option<&str>, before: Option<i64>, limit: i64) -> Result<Vec<WorkflowRecord>> {
+            Ok(sqlx::query_as(shared::LIST)
+                .bind(state)
+                .bind(before)
+                .bind(limit)
+                .fetch_all(&self.pool)
+                .await?)
+        }
+
+        async fn reopen(
+            &self,
+            workflow_id: &str,
+            from_states: &[&str],
+            how: Reopen,
+            error: Option<String>,
+            now: i64,
+        ) -> Result<Option<WorkflowRecord>> {
+            let mut tx = self.begin().await?;
+            let current: Option<String> = sqlx::query_scalar(Self::SELECT_STATE_FOR_UPDATE)
+                .bind(workflow_id)
+                .fetch_optional(&mut *tx)
+                .await?;
+            let Some(current) = current else {
+                return Err(crate::Error::NotFound(workflow_id.to_owned()));
+            };
+            if !from_states.contains(&current.as_str()) {
+                return Ok(None);
+            }
+            let (new_state, clear_error, cleanup) = match how {
+                Reopen::Forward => (
+                    state::RUNNING,
+                    true,
+                    Some("DELETE FROM workflow_steps WHERE workflow_id = $1 AND status = 'failed'"),
+                ),
+                Reopen::Compensation => (
+                    state::COMPENSATING,
+                    false,
+                    Some("UPDATE workflow_compensations SET status = 'registered' WHERE workflow_id = $1 AND status = 'failed'"),
+                ),
+                Reopen::Cancel => (state::COMPENSATING, false, None),
+            };
+            if let Some(cleanup) = cleanup {
+                sqlx::query(cleanup).bind(workflow_id).execute(&mut *tx).await?;
+            }
+            if how == Reopen::Compensation {
+                sqlx::query(
+                    "DELETE FROM workflow_steps WHERE workflow_id = $1 AND status = 'failed' AND step_key LIKE 'compensate/%'",
+                )
+                .bind(workflow_id)
+                .execute(&mut *tx)
+                .await?;
+            }
+            let row: WorkflowRecord = sqlx::query_as(
+                "UPDATE workflows SET state = $2, error = CASE WHEN $3 THEN NULL ELSE COALESCE($4, error) END, \
+                 lease_owner = NULL, lease_expires_at = NULL, lease_epoch = lease_epoch + 1, \
+                 next_attempt_at = $5, updated_at = $5 WHERE workflow_id = $1 RETURNING *",
+            )
+            .bind(workflow_id)
+            .bind(new_state)
+            .bind(clear_error)
+            .bind(error)
+            .bind(now)
+            .fetch_one(&mut *tx)
+            .await?;
+            tx.commit().await?;
+            Ok(Some(row))
+        }
+    };
+}
+
+pub(crate) use shared_store_methods;
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn value_rows_number_parameters_in_order() {
+        let sql = super::upsert_compensations_sql(2);
+        assert!(
+            sql.contains(
+                "VALUES ($1, $2, $3, $4, $5, $6), ($7, $8, $9, $10, $11, $12) ON CONFLICT"
+            )
+        );
+    }
+}

@@ -1,0 +1,96 @@
+//! The SQLite store: the embedded default for one process (WAL, a busy timeout, `BEGIN IMMEDIATE` writes).
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use sqlx::Sqlite;
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+
+use super::{
+    CompensationRecord, Conn, Listener, Reopen, StepRecord, Store, Tx, WorkflowRecord,
+    WorkflowUpdate, shared, shared::shared_store_methods, state,
+};
+use crate::error::Result;
+
+/// The embedded SQLite migrations (engine and payment tables).
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/sqlite");
+
+/// A [`Store`] on SQLite.
+#[derive(Debug, Clone)]
+pub struct SqliteStore {
+    pool: sqlx::SqlitePool,
+}
+
+impl SqliteStore {
+    /// Opens (creating if missing) the database at `url` (`sqlite://path`). Commits are fully synchronous:
+    /// a payment acknowledged is on disk.
+    pub async fn connect(url: &str) -> Result<Self> {
+        let options = SqliteConnectOptions::from_str(url)?
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Full)
+            .busy_timeout(Duration::from_secs(30))
+            .foreign_keys(true);
+        let pool = SqlitePoolOptions::new()
+            .max_connections(8)
+            .acquire_timeout(Duration::from_secs(30))
+            .connect_with(options)
+            .await?;
+        Ok(Self { pool })
+    }
+
+    const SELECT_STATE_FOR_UPDATE: &str = "SELECT state FROM workflows WHERE workflow_id = $1";
+}
+
+impl Store for SqliteStore {
+    type Db = Sqlite;
+
+    fn backend(&self) -> &'static str {
+        "sqlite"
+    }
+
+    shared_store_methods!();
+
+    async fn migrate(&self) -> Result<()> {
+        MIGRATOR.run(&self.pool).await?;
+        Ok(())
+    }
+
+    async fn begin(&self) -> Result<Tx<Self>> {
+        Ok(self.pool.begin_with("BEGIN IMMEDIATE").await?)
+    }
+
+    async fn notify_finished(&self, _conn: &mut Conn<Self>, _workflow_id: &str) -> Result<()> {
+        // One process owns an SQLite database: in-process notification covers every waiter.
+        Ok(())
+    }
+
+    async fn claim_due(
+        &self,
+        owner: &str,
+        now: i64,
+        lease_until: i64,
+        limit: i64,
+    ) -> Result<Vec<WorkflowRecord>> {
+        let mut tx = self.begin().await?;
+        let claimed = sqlx::query_as(
+            "UPDATE workflows SET lease_owner = $1, lease_expires_at = $3, lease_epoch = lease_epoch + 1 \
+             WHERE workflow_id IN (SELECT workflow_id FROM workflows \
+                   WHERE state IN ('running', 'compensating') AND next_attempt_at <= $2 \
+                     AND (lease_expires_at IS NULL OR lease_expires_at <= $2) \
+                   ORDER BY next_attempt_at LIMIT $4) RETURNING *",
+        )
+        .bind(owner)
+        .bind(now)
+        .bind(lease_until)
+        .bind(limit)
+        .fetch_all(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(claimed)
+    }
+
+    async fn listen(&self) -> Result<Option<Listener>> {
+        Ok(None)
+    }
+}
