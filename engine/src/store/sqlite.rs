@@ -39,6 +39,11 @@ impl SqliteStore {
         Ok(Self { pool })
     }
 
+    /// A store over an existing pool (opened with WAL and a busy timeout).
+    pub fn from_pool(pool: sqlx::SqlitePool) -> Self {
+        Self { pool }
+    }
+
     const SELECT_STATE_FOR_UPDATE: &str = "SELECT state FROM workflows WHERE workflow_id = $1";
 }
 

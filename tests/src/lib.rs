@@ -1,0 +1,282 @@
+//! Helpers for onceflow's tests: a fresh database per test on each backend, a business table that counts
+//! effects, and a test workflow whose steps can be made to stop at chosen points.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use onceflow_engine::{
+    BoxFuture, Compensation, Conn, Failure, Interrupt, PgStore, Previous, RetryPolicy, SqliteStore, StepError,
+    Store, Workflow, WorkflowContext, step,
+};
+use serde::{Deserialize, Serialize};
+use tokio::sync::{Mutex, mpsc};
+
+/// A store the tests can count business effects in.
+pub trait TestDb: Store {
+    /// Creates the `effects` table.
+    fn create_effects(&self) -> impl Future<Output = anyhow::Result<()>> + Send;
+    /// Records `what` for `workflow_id` inside a step's transaction.
+    fn effect<'c>(conn: &'c mut Conn<Self>, workflow_id: String, what: String) -> BoxFuture<'c, Result<(), StepError>>;
+    /// Another pool on the same database, as another process would have.
+    fn another_pool(&self) -> impl Future<Output = anyhow::Result<Self>> + Send;
+    /// The effects of `workflow_id`, in the order they committed.
+    fn effects(&self, workflow_id: &str) -> impl Future<Output = anyhow::Result<Vec<String>>> + Send;
+}
+
+impl TestDb for SqliteStore {
+    async fn another_pool(&self) -> anyhow::Result<Self> {
+        let options = (*self.pool().connect_options()).clone();
+        Ok(SqliteStore::from_pool(sqlx::SqlitePool::connect_with(options).await?))
+    }
+
+    async fn create_effects(&self) -> anyhow::Result<()> {
+        sqlx::query(
+            "CREATE TABLE IF NOT EXISTS effects (id INTEGER PRIMARY KEY AUTOINCREMENT, workflow_id TEXT NOT NULL, what TEXT NOT NULL)",
+        )
+        .execute(self.pool())
+        .await?;
+        Ok(())
+    }
+
+    fn effect<'c>(conn: &'c mut Conn<Self>, workflow_id: String, what: String) -> BoxFuture<'c, Result<(), StepError>> {
+        Box::pin(async move {
+            sqlx::query("INSERT INTO effects (workflow_id, what) VALUES ($1, $2)")
+                .bind(workflow_id)
+                .bind(what)
+                .execute(conn)
+                .await?;
+            Ok(())
+        })
+    }
+
+    async fn effects(&self, workflow_id: &str) -> anyhow::Result<Vec<String>> {
+        Ok(sqlx::query_scalar("SELECT what FROM effects WHERE workflow_id = $1 ORDER BY id")
+            .bind(workflow_id)
+            .fetch_all(self.pool())
+            .await?)
+    }
+}
+
+impl TestDb for PgStore {
+    async fn another_pool(&self) -> anyhow::Result<Self> {
+        let options = (*self.pool().connect_options()).clone();
+        Ok(PgStore::from_pool(sqlx::PgPool::connect_with(options).await?))
+    }
+
+    async fn create_effects(&self) -> anyhow::Result<()> {
+        sqlx::query(
+            "CREATE TABLE IF NOT EXISTS effects (id BIGSERIAL PRIMARY KEY, workflow_id TEXT NOT NULL, what TEXT NOT NULL)",
+        )
+        .execute(self.pool())
+        .await?;
+        Ok(())
+    }
+
+    fn effect<'c>(conn: &'c mut Conn<Self>, workflow_id: String, what: String) -> BoxFuture<'c, Result<(), StepError>> {
+        Box::pin(async move {
+            sqlx::query("INSERT INTO effects (workflow_id, what) VALUES ($1, $2)")
+                .bind(workflow_id)
+                .bind(what)
+                .execute(conn)
+                .await?;
+            Ok(())
+        })
+    }
+
+    async fn effects(&self, workflow_id: &str) -> anyhow::Result<Vec<String>> {
+        Ok(sqlx::query_scalar("SELECT what FROM effects WHERE workflow_id = $1 ORDER BY id")
+            .bind(workflow_id)
+            .fetch_all(self.pool())
+            .await?)
+    }
+}
+
+/// A fresh, migrated SQLite database in a temporary file.
+pub async fn sqlite_store() -> anyhow::Result<SqliteStore> {
+    let path = std::env::temp_dir().join(format!("onceflow-test-{}.db", uuid::Uuid::new_v4()));
+    let store = SqliteStore::connect(&format!("sqlite://{}", path.display())).await?;
+    store.migrate().await?;
+    store.create_effects().await?;
+    Ok(store)
+}
+
+/// A URL of a fresh, migrated Postgres database, created from `DATABASE_URL`; `None` when it is not set.
+pub async fn pg_url() -> anyhow::Result<Option<String>> {
+    let Ok(base) = std::env::var("DATABASE_URL") else { return Ok(None) };
+    let name = format!("onceflow_test_{}", uuid::Uuid::new_v4().simple());
+    let admin = PgStore::connect(&base, 1).await?;
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}"))).execute(admin.pool()).await?;
+    admin.pool().close().await;
+    let url = match base.rsplit_once('/') {
+        Some((server, _db)) if server.contains("://") && !server.ends_with('/') => format!("{server}/{name}"),
+        _ => anyhow::bail!("DATABASE_URL must end with /database: {base}"),
+    };
+    let store = PgStore::connect(&url, 4).await?;
+    store.migrate().await?;
+    store.create_effects().await?;
+    store.pool().close().await;
+    Ok(Some(url))
+}
+
+/// A fresh, migrated Postgres database from `DATABASE_URL`; `None` when it is not set.
+pub async fn pg_store() -> anyhow::Result<Option<PgStore>> {
+    match pg_url().await? {
+        Some(url) => Ok(Some(PgStore::connect(&url, 16).await?)),
+        None => Ok(None),
+    }
+}
+
+/// Generates `NAME::sqlite` and `NAME::postgres` tests from `async fn NAME<S: TestDb>(store: S, fresh)`,
+/// where `fresh` makes another handle on the same database (another "process").
+#[macro_export]
+macro_rules! on_both_backends {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn sqlite() {
+                let store = onceflow_tests::sqlite_store().await.expect("sqlite store");
+                super::$name(store).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn postgres() {
+                let Some(store) = onceflow_tests::pg_store().await.expect("postgres store") else {
+                    eprintln!("skipped: DATABASE_URL is not set");
+                    return;
+                };
+                super::$name(store).await;
+            }
+        }
+    )*};
+}
+
+/// Points where [`Steps`] can be made to stop, and what its external steps saw.
+#[derive(Default)]
+pub struct Hooks {
+    /// The point to stop at: `e1`, `b`, `e2`.
+    pub stop_at: Mutex<Option<String>>,
+    /// Told when the stop point is reached.
+    pub reached: Mutex<Option<mpsc::UnboundedSender<String>>>,
+    /// Released to let a stopped step go on (else it waits forever).
+    pub resume: tokio::sync::Notify,
+    /// Calls of the external steps, in this engine.
+    pub external_calls: AtomicUsize,
+    /// `Previous` values the external steps were given.
+    pub previous_seen: std::sync::Mutex<Vec<Previous>>,
+    /// Make every compensation fail (retryably, until its attempts run out).
+    pub fail_compensations: AtomicBool,
+}
+
+impl Hooks {
+    /// Arms a stop at `point` and returns the receiver told when it is reached.
+    pub async fn stop_at(&self, point: &str) -> mpsc::UnboundedReceiver<String> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        *self.stop_at.lock().await = Some(point.to_owned());
+        *self.reached.lock().await = Some(tx);
+        rx
+    }
+
+    async fn point(&self, name: &str) {
+        let stop = self.stop_at.lock().await.as_deref() == Some(name);
+        if stop {
+            *self.stop_at.lock().await = None;
+            if let Some(tx) = self.reached.lock().await.as_ref() {
+                let _ = tx.send(name.to_owned());
+            }
+            self.resume.notified().await;
+        }
+    }
+}
+
+/// A transactional step body that records `what` for `workflow_id`.
+pub fn effect_step<S: TestDb>(
+    workflow_id: String,
+    what: &'static str,
+) -> impl for<'c> FnOnce(&'c mut Conn<S>) -> BoxFuture<'c, Result<(), StepError>> + Send {
+    move |conn| S::effect(conn, workflow_id, what.to_owned())
+}
+
+/// Input of [`Steps`].
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct StepsInput {
+    /// A label, so different inputs can be told apart.
+    pub label: String,
+    /// End with a terminal failure after the last step.
+    pub fail: bool,
+}
+
+/// The test workflow: `a` (tx), `e1` (external), `b` (tx), `e2` (external), `c` (tx); each tx step records an
+/// effect, `a`, `b` and `e1` register compensations that record `undo:<step>`.
+pub struct Steps {
+    /// Stop points and observations.
+    pub hooks: Arc<Hooks>,
+}
+
+impl<S: TestDb> Workflow<S> for Steps {
+    const NAME: &'static str = "steps";
+    type Input = StepsInput;
+    type Output = String;
+
+    async fn run(&self, ctx: &mut WorkflowContext<S>, input: StepsInput) -> Result<String, Interrupt> {
+        let id = ctx.workflow_id().to_owned();
+        let hooks = &self.hooks;
+        let effect = |what: &'static str| effect_step::<S>(id.clone(), what);
+        ctx.transactional(step("a").compensate_with("undo", "a"), effect("a")).await?;
+        ctx.external(step("e1").compensate_with("undo", "e1"), |attempt| async move {
+            hooks.previous_seen.lock().map(|mut p| p.push(attempt.previous.clone())).ok();
+            hooks.point("e1").await;
+            hooks.external_calls.fetch_add(1, Ordering::SeqCst);
+            Ok(attempt.number)
+        })
+        .await?;
+        let b_id = id.clone();
+        let b_hooks = hooks.clone();
+        ctx.transactional(step("b").compensate_with("undo", "b"), move |conn| -> BoxFuture<'_, _> {
+            Box::pin(async move {
+                S::effect(conn, b_id, "b".to_owned()).await?;
+                b_hooks.point("b").await;
+                Ok(())
+            })
+        })
+        .await?;
+        ctx.external("e2", |_attempt| async move {
+            hooks.point("e2").await;
+            hooks.external_calls.fetch_add(1, Ordering::SeqCst);
+            Ok(())
+        })
+        .await?;
+        ctx.transactional("c", effect("c")).await?;
+        if input.fail {
+            ctx.transactional("boom", |_conn| -> BoxFuture<'_, Result<(), StepError>> {
+                Box::pin(async { Err(StepError::Terminal(Failure::new("boom", "the test asked for a failure"))) })
+            })
+            .await?;
+        }
+        Ok(format!("done:{}", input.label))
+    }
+
+    async fn compensate(
+        &self,
+        ctx: &mut WorkflowContext<S>,
+        compensation: &Compensation,
+        _failure: &Failure,
+    ) -> Result<(), Interrupt> {
+        let what = format!("undo:{}", compensation.input.as_str().unwrap_or("?"));
+        if self.hooks.fail_compensations.load(Ordering::SeqCst) && what == "undo:b" {
+            let policy = RetryPolicy {
+                initial_interval: Duration::from_millis(1),
+                max_attempts: 3,
+                jitter: false,
+                ..RetryPolicy::default()
+            };
+            ctx.external(step("flaky").retry(policy), |_| async {
+                Err::<(), _>(StepError::Retryable("the refund service is down".into()))
+            })
+            .await?;
+        }
+        let id = ctx.workflow_id().to_owned();
+        ctx.transactional("undo", move |conn| S::effect(conn, id, what)).await
+    }
+}

@@ -1,0 +1,278 @@
+//! The engine's guarantees, each on SQLite and on Postgres: exactly-once transactional steps across dropped
+//! workers and races, fencing, compensation, concurrent starts, persisted waits and operator actions.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use onceflow_engine::{
+    Engine, EngineConfig, Error, ManualClock, Outcome, Previous, RetryPolicy, StepError, Workflow, WorkflowContext,
+    Interrupt, state, step, step_status,
+};
+use onceflow_tests::{Hooks, Steps, StepsInput, TestDb, on_both_backends};
+
+const LEASE_MS: i64 = 10_000;
+const WAIT: Duration = Duration::from_secs(20);
+
+fn input(label: &str, fail: bool) -> StepsInput {
+    StepsInput { label: label.to_owned(), fail }
+}
+
+fn engine<S: TestDb>(store: S, clock: &ManualClock, hooks: &Arc<Hooks>) -> Engine<S> {
+    Engine::builder(store)
+        .register(Steps { hooks: hooks.clone() })
+        .register(Flaky)
+        .clock(clock.clone())
+        .config(EngineConfig { lease: Duration::from_millis(LEASE_MS as u64), ..EngineConfig::default() })
+        .build()
+}
+
+fn clock() -> ManualClock {
+    ManualClock::new(1_800_000_000_000)
+}
+
+/// Starts `Steps` in an engine of its own runtime and pool, and drops the whole runtime (tasks, transactions,
+/// connections) once the workflow reaches `point`: a worker that dies there.
+fn crash_at<S: TestDb>(store: &S, clock: &ManualClock, id: &str, point: &str) {
+    let (store, clock, id, point) = (store.clone(), clock.clone(), id.to_owned(), point.to_owned());
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Runtime::new().expect("runtime");
+        rt.block_on(async move {
+            let store = store.another_pool().await.expect("reopen");
+            let hooks = Arc::new(Hooks::default());
+            let mut reached = hooks.stop_at(&point).await;
+            let engine = engine(store, &clock, &hooks);
+            let starter = tokio::spawn(async move { engine.start::<Steps>(&id, &input("x", false)).await.map(|_| ()) });
+            reached.recv().await.expect("stop point reached");
+            drop(starter);
+        });
+        rt.shutdown_timeout(Duration::from_millis(100));
+    })
+    .join()
+    .expect("crashing worker");
+}
+
+async fn runs_each_step_once<S: TestDb>(store: S) {
+    let (clock, hooks) = (clock(), Arc::new(Hooks::default()));
+    let engine = engine(store.clone(), &clock, &hooks);
+    let handle = engine.start::<Steps>("wf-1", &input("x", false)).await.unwrap();
+    assert!(!handle.attached());
+    let outcome = handle.wait(WAIT).await.unwrap().expect("finished");
+    assert_eq!(outcome, Outcome::Completed(serde_json::json!("done:x")));
+    assert_eq!(store.effects("wf-1").await.unwrap(), ["a", "b", "c"]);
+    assert_eq!(hooks.external_calls.load(Ordering::SeqCst), 2);
+    let view = engine.workflow("wf-1").await.unwrap().unwrap();
+    assert_eq!(view.workflow.state, state::COMPLETED);
+    assert_eq!(view.workflow.lease_owner, None);
+    let keys: Vec<_> = view.steps.iter().map(|s| (s.step_key.as_str(), s.status.as_str())).collect();
+    for key in ["a", "e1", "b", "e2", "c"] {
+        assert!(keys.contains(&(key, step_status::COMPLETED)), "{key} in {keys:?}");
+    }
+    // A second start with the same input attaches and gets the stored result without running anything.
+    let again = engine.start::<Steps>("wf-1", &input("x", false)).await.unwrap();
+    assert!(again.attached());
+    assert_eq!(again.wait(WAIT).await.unwrap(), Some(outcome));
+    assert_eq!(store.effects("wf-1").await.unwrap(), ["a", "b", "c"]);
+    assert!(matches!(engine.start::<Steps>("wf-1", &input("y", false)).await, Err(Error::Conflict { .. })));
+}
+
+async fn resumes_after_a_dropped_worker<S: TestDb>(store: S) {
+    for point in ["e1", "b", "e2"] {
+        let id = format!("crash-{point}");
+        let clock = clock();
+        crash_at(&store, &clock, &id, point);
+        let row = store.workflow(&id).await.unwrap().expect("recorded before the crash");
+        assert_eq!(row.state, state::RUNNING);
+        let hooks = Arc::new(Hooks::default());
+        let survivor = engine(store.another_pool().await.unwrap(), &clock, &hooks);
+        assert_eq!(survivor.recover_once().await.unwrap(), 0, "{point}: the lease still holds");
+        clock.advance(LEASE_MS + 1);
+        assert_eq!(survivor.recover_once().await.unwrap(), 1, "{point}: claimed after the lease expired");
+        let outcome = survivor.wait(&id, WAIT).await.unwrap().expect("finished");
+        assert_eq!(outcome, Outcome::Completed(serde_json::json!("done:x")), "{point}");
+        assert_eq!(store.effects(&id).await.unwrap(), ["a", "b", "c"], "{point}: each effect once");
+        let seen = hooks.previous_seen.lock().unwrap().clone();
+        if point != "e2" {
+            assert_eq!(seen, [Previous::Unknown], "{point}: e1 is told its outcome is unknown");
+        }
+        let row = store.workflow(&id).await.unwrap().unwrap();
+        assert_eq!(row.lease_epoch, 2);
+    }
+}
+
+async fn racing_workers_run_it_once<S: TestDb>(store: S) {
+    let clock = clock();
+    crash_at(&store, &clock, "race", "e1");
+    clock.advance(LEASE_MS + 1);
+    let (h1, h2) = (Arc::new(Hooks::default()), Arc::new(Hooks::default()));
+    let w1 = engine(store.another_pool().await.unwrap(), &clock, &h1);
+    let w2 = engine(store.another_pool().await.unwrap(), &clock, &h2);
+    let (c1, c2) = tokio::join!(w1.recover_once(), w2.recover_once());
+    assert_eq!(c1.unwrap() + c2.unwrap(), 1, "exactly one worker claims it");
+    let outcome = w1.wait("race", WAIT).await.unwrap();
+    assert!(matches!(outcome, Some(Outcome::Completed(_))));
+    assert_eq!(store.effects("race").await.unwrap(), ["a", "b", "c"]);
+    let calls = h1.external_calls.load(Ordering::SeqCst) + h2.external_calls.load(Ordering::SeqCst);
+    assert_eq!(calls, 2);
+}
+
+async fn a_fenced_worker_commits_nothing<S: TestDb>(store: S) {
+    let clock = clock();
+    let (old_hooks, new_hooks) = (Arc::new(Hooks::default()), Arc::new(Hooks::default()));
+    let old = engine(store.another_pool().await.unwrap(), &clock, &old_hooks);
+    let mut reached = old_hooks.stop_at("e1").await;
+    let starter = {
+        let old = old.clone();
+        tokio::spawn(async move { old.start::<Steps>("fenced", &input("x", false)).await.map(|_| ()) })
+    };
+    reached.recv().await.unwrap();
+    starter.await.unwrap().unwrap();
+    clock.advance(LEASE_MS + 1);
+    let new = engine(store.another_pool().await.unwrap(), &clock, &new_hooks);
+    assert_eq!(new.recover_once().await.unwrap(), 1);
+    assert!(matches!(new.wait("fenced", WAIT).await.unwrap(), Some(Outcome::Completed(_))));
+    // The old worker wakes up and tries to go on: its next commit (b, e2's intent) must be refused.
+    old_hooks.resume.notify_one();
+    for _ in 0..50 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(store.effects("fenced").await.unwrap(), ["a", "b", "c"]);
+    assert_eq!(old_hooks.external_calls.load(Ordering::SeqCst), 1, "the old worker's e1 call ran");
+    let row = store.workflow("fenced").await.unwrap().unwrap();
+    assert_eq!(row.state, state::COMPLETED);
+}
+
+async fn compensations_run_in_reverse<S: TestDb>(store: S) {
+    let (clock, hooks) = (clock(), Arc::new(Hooks::default()));
+    let engine = engine(store.clone(), &clock, &hooks);
+    let outcome = engine.start::<Steps>("comp", &input("x", true)).await.unwrap().wait(WAIT).await.unwrap();
+    let Some(Outcome::Failed(failure)) = outcome else { panic!("expected a failure, got {outcome:?}") };
+    assert_eq!(failure.code, "boom");
+    // `c` and `boom` share an atomic phase: boom's failure rolled c back with it.
+    assert_eq!(store.effects("comp").await.unwrap(), ["a", "b", "undo:b", "undo:e1", "undo:a"]);
+    let view = engine.workflow("comp").await.unwrap().unwrap();
+    assert_eq!(view.workflow.state, state::FAILED);
+    assert!(view.compensations.iter().all(|c| c.status == "done"));
+    assert!(engine.retry("comp").await.is_err(), "a compensated workflow cannot run forward again");
+}
+
+async fn a_failing_compensation_ends_compensation_failed<S: TestDb>(store: S) {
+    let (clock, hooks) = (clock(), Arc::new(Hooks::default()));
+    hooks.fail_compensations.store(true, Ordering::SeqCst);
+    let engine = engine(store.clone(), &clock, &hooks);
+    let outcome = engine.start::<Steps>("stuck", &input("x", true)).await.unwrap().wait(WAIT).await.unwrap();
+    let Some(Outcome::CompensationFailed(failure)) = outcome else { panic!("got {outcome:?}") };
+    assert_eq!(failure.code, "boom");
+    assert_eq!(failure.details["compensation"]["failure"]["code"], "retries_exhausted");
+    assert_eq!(store.effects("stuck").await.unwrap(), ["a", "b"]);
+    // The operator fixes the cause and retries: the compensations finish.
+    hooks.fail_compensations.store(false, Ordering::SeqCst);
+    let reopened = engine.retry("stuck").await.unwrap();
+    assert_eq!(reopened.state, state::COMPENSATING);
+    assert_eq!(engine.recover_once().await.unwrap(), 1);
+    assert!(matches!(engine.wait("stuck", WAIT).await.unwrap(), Some(Outcome::Failed(_))));
+    assert_eq!(store.effects("stuck").await.unwrap(), ["a", "b", "undo:b", "undo:e1", "undo:a"]);
+}
+
+async fn fifty_concurrent_starts_run_once<S: TestDb>(store: S) {
+    let clock = clock();
+    let (h1, h2) = (Arc::new(Hooks::default()), Arc::new(Hooks::default()));
+    let engines = [engine(store.another_pool().await.unwrap(), &clock, &h1), engine(store.another_pool().await.unwrap(), &clock, &h2)];
+    let mut tasks = Vec::new();
+    for i in 0..50 {
+        let engine = engines[i % 2].clone();
+        tasks.push(tokio::spawn(async move {
+            let handle = engine.start::<Steps>("storm", &input("x", false)).await?;
+            handle.wait(WAIT).await
+        }));
+    }
+    for task in tasks {
+        let outcome = task.await.unwrap().unwrap();
+        assert_eq!(outcome, Some(Outcome::Completed(serde_json::json!("done:x"))));
+    }
+    assert_eq!(store.effects("storm").await.unwrap(), ["a", "b", "c"]);
+    let calls = h1.external_calls.load(Ordering::SeqCst) + h2.external_calls.load(Ordering::SeqCst);
+    assert_eq!(calls, 2, "the external steps ran once");
+    for engine in &engines {
+        assert!(matches!(engine.start::<Steps>("storm", &input("other", false)).await, Err(Error::Conflict { .. })));
+    }
+}
+
+async fn cancel_fences_the_runner_and_compensates<S: TestDb>(store: S) {
+    let clock = clock();
+    let (old_hooks, hooks) = (Arc::new(Hooks::default()), Arc::new(Hooks::default()));
+    let old = engine(store.another_pool().await.unwrap(), &clock, &old_hooks);
+    let mut reached = old_hooks.stop_at("e2").await;
+    let _handle = old.start::<Steps>("cancel", &input("x", false)).await.unwrap();
+    reached.recv().await.unwrap();
+    let operator = engine(store.another_pool().await.unwrap(), &clock, &hooks);
+    assert_eq!(operator.cancel("cancel").await.unwrap().state, state::COMPENSATING);
+    assert_eq!(operator.recover_once().await.unwrap(), 1);
+    let outcome = operator.wait("cancel", WAIT).await.unwrap();
+    assert!(matches!(outcome, Some(Outcome::Cancelled(_))), "{outcome:?}");
+    old_hooks.resume.notify_one();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(store.effects("cancel").await.unwrap(), ["a", "b", "undo:b", "undo:e1", "undo:a"]);
+    assert!(operator.cancel("cancel").await.is_err(), "a cancelled workflow cannot be cancelled again");
+}
+
+/// An external step that fails retryably `fail_times` times, with a wait too long to sleep in-process.
+struct Flaky;
+
+impl<S: TestDb> Workflow<S> for Flaky {
+    const NAME: &'static str = "flaky";
+    type Input = u32;
+    type Output = u32;
+
+    async fn run(&self, ctx: &mut WorkflowContext<S>, fail_times: u32) -> Result<u32, Interrupt> {
+        let policy = RetryPolicy { initial_interval: Duration::from_secs(30), jitter: false, ..RetryPolicy::default() };
+        ctx.external(step("call").retry(policy), |attempt| async move {
+            if attempt.number <= fail_times {
+                Err(StepError::Retryable(format!("attempt {} failed", attempt.number)))
+            } else {
+                Ok(attempt.number)
+            }
+        })
+        .await
+    }
+}
+
+async fn long_waits_are_persisted<S: TestDb>(store: S) {
+    let (clock, hooks) = (clock(), Arc::new(Hooks::default()));
+    let engine = engine(store.clone(), &clock, &hooks);
+    let start = clock.now_ms_for_tests();
+    let handle = engine.start::<Flaky>("flaky", &1).await.unwrap();
+    assert_eq!(handle.wait(Duration::from_millis(200)).await.unwrap(), None);
+    let row = store.workflow("flaky").await.unwrap().unwrap();
+    assert_eq!(row.state, state::RUNNING);
+    assert_eq!(row.next_attempt_at, start + 30_000, "the wait is in the database");
+    assert_eq!(row.lease_owner, None, "the workflow was released");
+    let steps = store.steps("flaky").await.unwrap();
+    assert_eq!((steps[0].status.as_str(), steps[0].attempts), (step_status::RETRYING, 1));
+    assert_eq!(engine.recover_once().await.unwrap(), 0, "not due yet");
+    clock.advance(30_000);
+    assert_eq!(engine.recover_once().await.unwrap(), 1);
+    assert_eq!(engine.wait("flaky", WAIT).await.unwrap(), Some(Outcome::Completed(serde_json::json!(2))));
+}
+
+trait NowForTests {
+    fn now_ms_for_tests(&self) -> i64;
+}
+
+impl NowForTests for ManualClock {
+    fn now_ms_for_tests(&self) -> i64 {
+        onceflow_engine::Clock::now_ms(self)
+    }
+}
+
+on_both_backends!(
+    runs_each_step_once,
+    resumes_after_a_dropped_worker,
+    racing_workers_run_it_once,
+    a_fenced_worker_commits_nothing,
+    compensations_run_in_reverse,
+    a_failing_compensation_ends_compensation_failed,
+    fifty_concurrent_starts_run_once,
+    cancel_fences_the_runner_and_compensates,
+    long_waits_are_persisted,
+);
