@@ -337,9 +337,15 @@ impl<S: Store> Engine<S> {
         self.core
             .listener
             .get_or_init(|| async move {
+                // Listen before the first wait goes on, so that no notification falls between the two.
+                let mut connected = Some(core.store.listen().await);
                 tokio::spawn(async move {
                     loop {
-                        match core.store.listen().await {
+                        let listening = match connected.take() {
+                            Some(first) => first,
+                            None => core.store.listen().await,
+                        };
+                        match listening {
                             Ok(Some(mut listener)) => loop {
                                 tokio::select! {
                                     () = core.shutdown.cancelled() => return,

@@ -1,1 +1,1 @@
-//! placeholder
+//! The payment saga on the onceflow engine. Built in its own issue; empty until then.
