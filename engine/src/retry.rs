@@ -68,10 +68,13 @@ impl RetryPolicy {
             builder = builder.with_jitter();
         }
         let n = failed_attempts.max(1) as usize;
+        // backon multiplies in f32: whole milliseconds keep the waits exact.
+        let whole_ms =
+            |d: Duration| Duration::from_millis((d.as_secs_f64() * 1000.0).round() as u64);
         builder
             .build()
             .nth(n - 1)
-            .map(|d| d.min(self.max_interval * 2))
+            .map(|d| whole_ms(d).min(self.max_interval * 2))
     }
 }
 
