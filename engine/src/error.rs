@@ -38,6 +38,9 @@ pub enum Error {
     /// A value could not be turned into JSON or back.
     #[error("serialization error: {0}")]
     Serde(#[from] serde_json::Error),
+    /// A workflow's run stopped before it was recorded (a lost lease, an unexpected interrupt).
+    #[error("the workflow run stopped: {0}")]
+    Interrupted(String),
     /// The engine is shutting down and accepts no new work.
     #[error("the engine is shutting down")]
     ShuttingDown,

@@ -59,23 +59,17 @@ async fn drive_until_stopped<S: Store>(
         ctx.restore_pending(std::mem::take(&mut carried));
         ctx.set_attempts(std::mem::take(&mut attempts));
         let result = run_once(&mut ctx, wf, &record).await;
-        started = ctx.take_started();
         match result {
             Ok(outcome) => return Some(outcome),
             Err(Interrupt::Retry { delay_ms }) => {
                 let delay = Duration::from_millis(delay_ms);
                 if delay > core.config.max_inline_wait || core.shutdown.is_cancelled() {
                     let until = core.now() + i64::try_from(delay_ms).unwrap_or(0);
-                    let _ = ctx
-                        .commit(WorkflowUpdate {
-                            release_until: Some(until),
-                            ..Default::default()
-                        })
-                        .await;
-                    signal(started, Err(Error::ShuttingDown));
+                    release(&mut ctx, until).await;
                     return None;
                 }
                 tokio::time::sleep(delay).await;
+                started = ctx.take_started();
                 let (pending, unrecorded) = ctx.take_pending();
                 carried = pending;
                 insert = unrecorded.is_some();
@@ -90,26 +84,16 @@ async fn drive_until_stopped<S: Store>(
             }
             Err(Interrupt::Suspended { .. } | Interrupt::LeaseLost) => return None,
             Err(Interrupt::Shutdown) => {
-                let now = core.now();
-                let _ = ctx
-                    .commit(WorkflowUpdate {
-                        release_until: Some(now),
-                        ..Default::default()
-                    })
-                    .await;
-                signal(started, Err(Error::ShuttingDown));
+                release(&mut ctx, core.now()).await;
                 return None;
             }
             Err(Interrupt::Duplicate) => {
-                signal(started, Ok(false));
+                signal(ctx.take_started(), Ok(false));
                 return None;
             }
             Err(other) => {
                 ctx.abort_phase().await;
-                let e = match other {
-                    Interrupt::Engine(e) => e,
-                    other => Error::NotFound(other.to_string()),
-                };
+                let e = interrupted(other);
                 tracing::warn!(workflow_id = %id, error = %e, "workflow run stopped; it will be retried");
                 if !insert {
                     let _ = core
@@ -117,10 +101,31 @@ async fn drive_until_stopped<S: Store>(
                         .release(&id, record.lease_epoch, core.now() + 1000, core.now())
                         .await;
                 }
-                signal(started, Err(e));
+                signal(ctx.take_started(), Err(e));
                 return None;
             }
         }
+    }
+}
+
+/// Commits what the run has done so far and releases the workflow until `until`. A start still waiting for
+/// the first commit hears of it either way.
+async fn release<S: Store>(ctx: &mut WorkflowContext<S>, until: i64) {
+    let update = WorkflowUpdate {
+        release_until: Some(until),
+        ..Default::default()
+    };
+    if let Err(e) = ctx.commit(update).await {
+        signal(ctx.take_started(), Err(interrupted(e)));
+    }
+}
+
+/// The error a start sees when its workflow's run stopped before the first commit.
+fn interrupted(i: Interrupt) -> Error {
+    match i {
+        Interrupt::Engine(e) => e,
+        Interrupt::Shutdown => Error::ShuttingDown,
+        other => Error::Interrupted(other.to_string()),
     }
 }
 
