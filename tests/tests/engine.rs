@@ -396,6 +396,60 @@ async fn long_waits_are_persisted<S: TestDb>(store: S) {
     );
 }
 
+/// A new version of `steps` whose first step became an external call: its history no longer matches.
+struct StepsChanged;
+
+impl<S: TestDb> Workflow<S> for StepsChanged {
+    const NAME: &'static str = "steps";
+    type Input = StepsInput;
+    type Output = String;
+
+    async fn run(
+        &self,
+        ctx: &mut WorkflowContext<S>,
+        _input: StepsInput,
+    ) -> Result<String, Interrupt> {
+        ctx.external("a", |_| async { Ok(()) }).await?;
+        Ok("changed".to_owned())
+    }
+}
+
+async fn a_changed_step_is_a_mismatch_not_a_replay<S: TestDb>(store: S) {
+    let clock = clock();
+    crash_at(&store, &clock, "changed", "e1");
+    clock.advance(LEASE_MS + 1);
+    let changed = Engine::builder(store.another_pool().await.unwrap())
+        .register(StepsChanged)
+        .clock(clock.clone())
+        .build();
+    assert_eq!(changed.recover_once().await.unwrap(), 1);
+    let outcome = changed.wait("changed", WAIT).await.unwrap();
+    let Some(Outcome::Failed(failure)) = outcome else {
+        panic!("got {outcome:?}")
+    };
+    assert_eq!(failure.code, "step_mismatch");
+    assert!(
+        failure.message.contains("a (transactional)"),
+        "{}",
+        failure.message
+    );
+    assert_eq!(
+        store.effects("changed").await.unwrap(),
+        ["a"],
+        "parked for an operator, nothing compensated"
+    );
+    // Once the right code is deployed, the operator retries and the workflow finishes.
+    let hooks = Arc::new(Hooks::default());
+    let fixed = engine(store.another_pool().await.unwrap(), &clock, &hooks);
+    assert_eq!(fixed.retry("changed").await.unwrap().state, state::RUNNING);
+    assert_eq!(fixed.recover_once().await.unwrap(), 1);
+    assert!(matches!(
+        fixed.wait("changed", WAIT).await.unwrap(),
+        Some(Outcome::Completed(_))
+    ));
+    assert_eq!(store.effects("changed").await.unwrap(), ["a", "b", "c"]);
+}
+
 trait NowForTests {
     fn now_ms_for_tests(&self) -> i64;
 }
@@ -416,6 +470,7 @@ on_both_backends!(
     fifty_concurrent_starts_run_once,
     cancel_fences_the_runner_and_compensates,
     long_waits_are_persisted,
+    a_changed_step_is_a_mismatch_not_a_replay,
 );
 
 /// A waiter in another process hears of the end through Postgres `NOTIFY`, not by polling: its poll interval
