@@ -32,89 +32,59 @@ pub trait TestDb: Store {
     ) -> impl Future<Output = anyhow::Result<Vec<String>>> + Send;
 }
 
-impl TestDb for SqliteStore {
-    async fn another_pool(&self) -> anyhow::Result<Self> {
-        let options = (*self.pool().connect_options()).clone();
-        Ok(SqliteStore::from_pool(
-            sqlx::SqlitePool::connect_with(options).await?,
-        ))
-    }
+/// The same business SQL on every backend; only the table's id column differs.
+macro_rules! impl_test_db {
+    ($store:ident, $pool:ty, $id_column:literal) => {
+        impl TestDb for $store {
+            async fn another_pool(&self) -> anyhow::Result<Self> {
+                let options = (*self.pool().connect_options()).clone();
+                Ok($store::from_pool(<$pool>::connect_with(options).await?))
+            }
 
-    async fn create_effects(&self) -> anyhow::Result<()> {
-        sqlx::query(
-            "CREATE TABLE IF NOT EXISTS effects (id INTEGER PRIMARY KEY AUTOINCREMENT, workflow_id TEXT NOT NULL, what TEXT NOT NULL)",
-        )
-        .execute(self.pool())
-        .await?;
-        Ok(())
-    }
-
-    fn effect<'c>(
-        conn: &'c mut Conn<Self>,
-        workflow_id: String,
-        what: String,
-    ) -> BoxFuture<'c, Result<(), StepError>> {
-        Box::pin(async move {
-            sqlx::query("INSERT INTO effects (workflow_id, what) VALUES ($1, $2)")
-                .bind(workflow_id)
-                .bind(what)
-                .execute(conn)
+            async fn create_effects(&self) -> anyhow::Result<()> {
+                sqlx::query(concat!(
+                    "CREATE TABLE IF NOT EXISTS effects (id ",
+                    $id_column,
+                    ", workflow_id TEXT NOT NULL, what TEXT NOT NULL)"
+                ))
+                .execute(self.pool())
                 .await?;
-            Ok(())
-        })
-    }
+                Ok(())
+            }
 
-    async fn effects(&self, workflow_id: &str) -> anyhow::Result<Vec<String>> {
-        Ok(
-            sqlx::query_scalar("SELECT what FROM effects WHERE workflow_id = $1 ORDER BY id")
+            fn effect<'c>(
+                conn: &'c mut Conn<Self>,
+                workflow_id: String,
+                what: String,
+            ) -> BoxFuture<'c, Result<(), StepError>> {
+                Box::pin(async move {
+                    sqlx::query("INSERT INTO effects (workflow_id, what) VALUES ($1, $2)")
+                        .bind(workflow_id)
+                        .bind(what)
+                        .execute(conn)
+                        .await?;
+                    Ok(())
+                })
+            }
+
+            async fn effects(&self, workflow_id: &str) -> anyhow::Result<Vec<String>> {
+                Ok(sqlx::query_scalar(
+                    "SELECT what FROM effects WHERE workflow_id = $1 ORDER BY id",
+                )
                 .bind(workflow_id)
                 .fetch_all(self.pool())
-                .await?,
-        )
-    }
+                .await?)
+            }
+        }
+    };
 }
 
-impl TestDb for PgStore {
-    async fn another_pool(&self) -> anyhow::Result<Self> {
-        let options = (*self.pool().connect_options()).clone();
-        Ok(PgStore::from_pool(
-            sqlx::PgPool::connect_with(options).await?,
-        ))
-    }
-
-    async fn create_effects(&self) -> anyhow::Result<()> {
-        sqlx::query(
-            "CREATE TABLE IF NOT EXISTS effects (id BIGSERIAL PRIMARY KEY, workflow_id TEXT NOT NULL, what TEXT NOT NULL)",
-        )
-        .execute(self.pool())
-        .await?;
-        Ok(())
-    }
-
-    fn effect<'c>(
-        conn: &'c mut Conn<Self>,
-        workflow_id: String,
-        what: String,
-    ) -> BoxFuture<'c, Result<(), StepError>> {
-        Box::pin(async move {
-            sqlx::query("INSERT INTO effects (workflow_id, what) VALUES ($1, $2)")
-                .bind(workflow_id)
-                .bind(what)
-                .execute(conn)
-                .await?;
-            Ok(())
-        })
-    }
-
-    async fn effects(&self, workflow_id: &str) -> anyhow::Result<Vec<String>> {
-        Ok(
-            sqlx::query_scalar("SELECT what FROM effects WHERE workflow_id = $1 ORDER BY id")
-                .bind(workflow_id)
-                .fetch_all(self.pool())
-                .await?,
-        )
-    }
-}
+impl_test_db!(
+    SqliteStore,
+    sqlx::SqlitePool,
+    "INTEGER PRIMARY KEY AUTOINCREMENT"
+);
+impl_test_db!(PgStore, sqlx::PgPool, "BIGSERIAL PRIMARY KEY");
 
 /// A fresh, migrated SQLite database in a temporary file.
 pub async fn sqlite_store() -> anyhow::Result<SqliteStore> {
