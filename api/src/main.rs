@@ -7,19 +7,10 @@ use clap::{Parser, Subcommand};
 use onceflow_engine::{Engine, PgStore, SqliteStore, Store};
 
 #[derive(Parser)]
-#[command(
-    name = "onceflow",
-    version,
-    about = "Durable saga engine and payment service"
-)]
+#[command(name = "onceflow", version, about = "Durable saga engine and payment service")]
 struct Cli {
     /// `postgres://…` or `sqlite://…` (created if missing).
-    #[arg(
-        long,
-        env = "ONCEFLOW_DATABASE_URL",
-        default_value = "sqlite://onceflow.db",
-        global = true
-    )]
+    #[arg(long, env = "ONCEFLOW_DATABASE_URL", default_value = "sqlite://onceflow.db", global = true)]
     database_url: String,
     #[command(subcommand)]
     command: Command,
@@ -94,54 +85,29 @@ async fn run<S: Store>(store: S, command: Command) -> anyhow::Result<()> {
     match command {
         Command::Migrate => println!("migrations applied"),
         Command::Workflows(Workflows::List { state, limit }) => {
-            println!(
-                "{:<40} {:<20} {:<20} {:>6}",
-                "WORKFLOW", "NAME", "STATE", "EPOCH"
-            );
+            println!("{:<40} {:<20} {:<20} {:>6}", "WORKFLOW", "NAME", "STATE", "EPOCH");
             for w in engine.list(state.as_deref(), None, limit).await? {
-                println!(
-                    "{:<40} {:<20} {:<20} {:>6}",
-                    w.workflow_id, w.name, w.state, w.lease_epoch
-                );
+                println!("{:<40} {:<20} {:<20} {:>6}", w.workflow_id, w.name, w.state, w.lease_epoch);
             }
         }
         Command::Workflows(Workflows::Show { workflow_id }) => {
-            let view = engine
-                .workflow(&workflow_id)
-                .await?
-                .ok_or_else(|| anyhow::anyhow!("no workflow {workflow_id}"))?;
+            let view =
+                engine.workflow(&workflow_id).await?.ok_or_else(|| anyhow::anyhow!("no workflow {workflow_id}"))?;
             let w = &view.workflow;
-            println!(
-                "workflow {}  name {}  state {}  epoch {}",
-                w.workflow_id, w.name, w.state, w.lease_epoch
-            );
+            println!("workflow {}  name {}  state {}  epoch {}", w.workflow_id, w.name, w.state, w.lease_epoch);
             if let Some(error) = &w.error {
                 println!("error {error}");
             }
-            println!(
-                "{:<32} {:<14} {:<10} {:>8}",
-                "STEP", "KIND", "STATUS", "ATTEMPTS"
-            );
+            println!("{:<32} {:<14} {:<10} {:>8}", "STEP", "KIND", "STATUS", "ATTEMPTS");
             for s in &view.steps {
-                println!(
-                    "{:<32} {:<14} {:<10} {:>8}",
-                    s.step_key, s.kind, s.status, s.attempts
-                );
+                println!("{:<32} {:<14} {:<10} {:>8}", s.step_key, s.kind, s.status, s.attempts);
             }
         }
         Command::Workflows(Workflows::Retry { workflow_id }) => {
-            println!(
-                "{} is now {}",
-                workflow_id,
-                engine.retry(&workflow_id).await?.state
-            );
+            println!("{} is now {}", workflow_id, engine.retry(&workflow_id).await?.state);
         }
         Command::Workflows(Workflows::Cancel { workflow_id }) => {
-            println!(
-                "{} is now {}",
-                workflow_id,
-                engine.cancel(&workflow_id).await?.state
-            );
+            println!("{} is now {}", workflow_id, engine.cancel(&workflow_id).await?.state);
         }
     }
     Ok(())

@@ -13,8 +13,8 @@ use crate::engine::{Core, StartSignal};
 use crate::error::{Failure, Interrupt, StepError};
 use crate::step::{Attempt, Previous, StepSpec};
 use crate::store::{
-    CompensationRecord, Conn, StepRecord, Store, Tx, WorkflowRecord, WorkflowUpdate,
-    compensation_status, kind, state, step_status,
+    CompensationRecord, Conn, StepRecord, Store, Tx, WorkflowRecord, WorkflowUpdate, compensation_status, kind, state,
+    step_status,
 };
 use crate::workflow::BoxFuture;
 
@@ -85,11 +85,7 @@ impl<S: Store> WorkflowContext<S> {
     ///
     /// `Err(StepError::Terminal)` fails the workflow; retryable and database errors replay the body from the
     /// last commit after the step's retry wait, until its attempts are used up.
-    pub async fn transactional<T, F>(
-        &mut self,
-        spec: impl Into<StepSpec>,
-        f: F,
-    ) -> Result<T, Interrupt>
+    pub async fn transactional<T, F>(&mut self, spec: impl Into<StepSpec>, f: F) -> Result<T, Interrupt>
     where
         T: Serialize + DeserializeOwned + Send,
         F: for<'c> FnOnce(&'c mut Conn<S>) -> BoxFuture<'c, Result<T, StepError>> + Send,
@@ -121,8 +117,7 @@ impl<S: Store> WorkflowContext<S> {
         };
         match result {
             Ok(value) => {
-                let output =
-                    serde_json::to_string(&value).map_err(|e| Interrupt::Engine(e.into()))?;
+                let output = serde_json::to_string(&value).map_err(|e| Interrupt::Engine(e.into()))?;
                 self.push_step(row(step_status::COMPLETED, Some(output), None));
                 Ok(value)
             }
@@ -131,24 +126,14 @@ impl<S: Store> WorkflowContext<S> {
                 self.push_step(row(step_status::FAILED, None, Some(failure_json(&failure))));
                 Err(Interrupt::Failed(failure))
             }
-            Err(
-                e @ (StepError::Retryable(_)
-                | StepError::UnknownOutcome(_)
-                | StepError::Database(_)),
-            ) => {
+            Err(e @ (StepError::Retryable(_) | StepError::UnknownOutcome(_) | StepError::Database(_))) => {
                 self.abort_phase().await;
                 self.tx_attempts.insert(key.clone(), attempts);
                 match spec.retry.delay_after(attempts) {
-                    Some(delay) => Err(Interrupt::Retry {
-                        delay_ms: millis(delay),
-                    }),
+                    Some(delay) => Err(Interrupt::Retry { delay_ms: millis(delay) }),
                     None => {
                         let failure = Failure::new("retries_exhausted", format!("step {key}: {e}"));
-                        self.push_step(row(
-                            step_status::FAILED,
-                            None,
-                            Some(failure_json(&failure)),
-                        ));
+                        self.push_step(row(step_status::FAILED, None, Some(failure_json(&failure))));
                         Err(Interrupt::Failed(failure))
                     }
                 }
@@ -162,11 +147,7 @@ impl<S: Store> WorkflowContext<S> {
     ///
     /// Retryable errors wait by the step's policy (in-process when short, persisted when long) until its
     /// attempts are used up; unknown outcomes are retried at most every `max_interval`, never given up.
-    pub async fn external<T, F, Fut>(
-        &mut self,
-        spec: impl Into<StepSpec>,
-        mut f: F,
-    ) -> Result<T, Interrupt>
+    pub async fn external<T, F, Fut>(&mut self, spec: impl Into<StepSpec>, mut f: F) -> Result<T, Interrupt>
     where
         T: Serialize + DeserializeOwned + Send,
         F: FnMut(Attempt) -> Fut + Send,
@@ -191,11 +172,7 @@ impl<S: Store> WorkflowContext<S> {
         if let Some((name, input)) = &spec.compensation {
             self.register_compensation(&key, name, input)?;
         }
-        let row = |status: &str,
-                   attempts: u32,
-                   output: Option<String>,
-                   error: Option<String>,
-                   done: Option<i64>| {
+        let row = |status: &str, attempts: u32, output: Option<String>, error: Option<String>, done: Option<i64>| {
             StepRecord {
                 workflow_id: String::new(),
                 step_key: key.clone(),
@@ -214,65 +191,32 @@ impl<S: Store> WorkflowContext<S> {
             attempts += 1;
             self.push_step(row(step_status::STARTED, attempts, None, None, None));
             self.commit(WorkflowUpdate::default()).await?;
-            let result = f(Attempt {
-                number: attempts,
-                previous: previous.clone(),
-            })
-            .await;
+            let result = f(Attempt { number: attempts, previous: previous.clone() }).await;
             let now = self.core.now();
             let (status, message, delay) = match result {
                 Ok(value) => {
-                    let output =
-                        serde_json::to_string(&value).map_err(|e| Interrupt::Engine(e.into()))?;
-                    self.push_step(row(
-                        step_status::COMPLETED,
-                        attempts,
-                        Some(output),
-                        None,
-                        Some(now),
-                    ));
+                    let output = serde_json::to_string(&value).map_err(|e| Interrupt::Engine(e.into()))?;
+                    self.push_step(row(step_status::COMPLETED, attempts, Some(output), None, Some(now)));
                     return Ok(value);
                 }
                 Err(StepError::Terminal(failure)) => {
-                    self.push_step(row(
-                        step_status::FAILED,
-                        attempts,
-                        None,
-                        Some(failure_json(&failure)),
-                        Some(now),
-                    ));
+                    self.push_step(row(step_status::FAILED, attempts, None, Some(failure_json(&failure)), Some(now)));
                     return Err(Interrupt::Failed(failure));
                 }
-                Err(StepError::UnknownOutcome(m)) => (
-                    step_status::UNKNOWN,
-                    m,
-                    spec.retry.delay_unbounded(attempts),
-                ),
-                Err(e @ (StepError::Retryable(_) | StepError::Database(_))) => {
-                    match spec.retry.delay_after(attempts) {
-                        Some(delay) => (step_status::RETRYING, e.to_string(), delay),
-                        None => {
-                            let failure =
-                                Failure::new("retries_exhausted", format!("step {key}: {e}"));
-                            let error = Some(failure_json(&failure));
-                            self.push_step(row(
-                                step_status::FAILED,
-                                attempts,
-                                None,
-                                error,
-                                Some(now),
-                            ));
-                            return Err(Interrupt::Failed(failure));
-                        }
+                Err(StepError::UnknownOutcome(m)) => (step_status::UNKNOWN, m, spec.retry.delay_unbounded(attempts)),
+                Err(e @ (StepError::Retryable(_) | StepError::Database(_))) => match spec.retry.delay_after(attempts) {
+                    Some(delay) => (step_status::RETRYING, e.to_string(), delay),
+                    None => {
+                        let failure = Failure::new("retries_exhausted", format!("step {key}: {e}"));
+                        let error = Some(failure_json(&failure));
+                        self.push_step(row(step_status::FAILED, attempts, None, error, Some(now)));
+                        return Err(Interrupt::Failed(failure));
                     }
-                }
+                },
             };
             tracing::debug!(workflow_id = %self.workflow_id, step_key = %key, attempts, %message, "step will retry");
-            previous = if status == step_status::UNKNOWN {
-                Previous::Unknown
-            } else {
-                Previous::Failed(message.clone())
-            };
+            previous =
+                if status == step_status::UNKNOWN { Previous::Unknown } else { Previous::Failed(message.clone()) };
             self.push_step(row(status, attempts, None, Some(message), None));
             self.wait(delay).await?;
         }
@@ -288,11 +232,7 @@ impl<S: Store> WorkflowContext<S> {
             }
         }
         let until_ms = self.core.now() + i64::try_from(millis(delay)).unwrap_or(i64::MAX / 2);
-        self.commit(WorkflowUpdate {
-            release_until: Some(until_ms),
-            ..WorkflowUpdate::default()
-        })
-        .await?;
+        self.commit(WorkflowUpdate { release_until: Some(until_ms), ..WorkflowUpdate::default() }).await?;
         Err(Interrupt::Suspended { until_ms })
     }
 
@@ -317,31 +257,18 @@ impl<S: Store> WorkflowContext<S> {
         match s.status.as_str() {
             step_status::COMPLETED => {
                 let output = s.output.as_deref().unwrap_or("null");
-                Ok(Some(
-                    serde_json::from_str(output).map_err(|e| Interrupt::Engine(e.into())),
-                ))
+                Ok(Some(serde_json::from_str(output).map_err(|e| Interrupt::Engine(e.into()))))
             }
-            step_status::FAILED => Ok(Some(Err(Interrupt::Failed(parse_failure(
-                s.error.as_deref(),
-            ))))),
+            step_status::FAILED => Ok(Some(Err(Interrupt::Failed(parse_failure(s.error.as_deref()))))),
             _ => Ok(None),
         }
     }
 
     fn check_shutdown(&self) -> Result<(), Interrupt> {
-        if self.core.shutdown.is_cancelled() {
-            Err(Interrupt::Shutdown)
-        } else {
-            Ok(())
-        }
+        if self.core.shutdown.is_cancelled() { Err(Interrupt::Shutdown) } else { Ok(()) }
     }
 
-    fn register_compensation(
-        &mut self,
-        key: &str,
-        name: &str,
-        input: &serde_json::Value,
-    ) -> Result<(), Interrupt> {
+    fn register_compensation(&mut self, key: &str, name: &str, input: &serde_json::Value) -> Result<(), Interrupt> {
         if !self.registered.insert(key.to_owned()) {
             return Ok(());
         }
@@ -360,11 +287,7 @@ impl<S: Store> WorkflowContext<S> {
     fn push_step(&mut self, mut row: StepRecord) {
         row.workflow_id.clone_from(&self.workflow_id);
         self.history.insert(row.step_key.clone(), row.clone());
-        match self
-            .pending_steps
-            .iter_mut()
-            .find(|s| s.step_key == row.step_key)
-        {
+        match self.pending_steps.iter_mut().find(|s| s.step_key == row.step_key) {
             Some(slot) => *slot = row,
             None => self.pending_steps.push(row),
         }
@@ -435,9 +358,7 @@ impl<S: Store> WorkflowContext<S> {
         // From here an early return drops (rolls back) the transaction, and with it any insert it made.
         let inserted_here = std::mem::take(&mut self.inserted_in_tx);
         store.write_steps(&mut tx, &self.pending_steps).await?;
-        store
-            .write_compensations(&mut tx, &self.pending_comps)
-            .await?;
+        store.write_compensations(&mut tx, &self.pending_comps).await?;
         // A row inserted by this very transaction already carries our epoch: with nothing to change on it,
         // the fence would only repeat what the insert proved.
         if !(update_is_empty && inserted_here) {
@@ -487,10 +408,7 @@ impl<S: Store> WorkflowContext<S> {
 }
 
 fn update_is_empty(update: &WorkflowUpdate) -> bool {
-    update.state.is_none()
-        && update.output.is_none()
-        && update.error.is_none()
-        && update.release_until.is_none()
+    update.state.is_none() && update.output.is_none() && update.error.is_none() && update.release_until.is_none()
 }
 
 pub(crate) fn failure_json(f: &Failure) -> String {

@@ -85,10 +85,7 @@ impl<S: Store> Core<S> {
     }
 
     pub(crate) fn announce(&self, workflow_id: &str, outcome: Option<Arc<Outcome>>) {
-        let _ = self.finished.send(Finished {
-            workflow_id: workflow_id.into(),
-            outcome,
-        });
+        let _ = self.finished.send(Finished { workflow_id: workflow_id.into(), outcome });
     }
 }
 
@@ -145,9 +142,7 @@ pub struct Engine<S: Store> {
 
 impl<S: Store> Clone for Engine<S> {
     fn clone(&self) -> Self {
-        Self {
-            core: self.core.clone(),
-        }
+        Self { core: self.core.clone() }
     }
 }
 
@@ -189,12 +184,7 @@ impl<S: Store> Handle<S> {
 impl<S: Store> Engine<S> {
     /// An engine builder over `store`.
     pub fn builder(store: S) -> EngineBuilder<S> {
-        EngineBuilder {
-            store,
-            clock: Arc::new(SystemClock),
-            config: EngineConfig::default(),
-            registry: HashMap::new(),
-        }
+        EngineBuilder { store, clock: Arc::new(SystemClock), config: EngineConfig::default(), registry: HashMap::new() }
     }
 
     /// The store.
@@ -210,19 +200,10 @@ impl<S: Store> Engine<S> {
     /// Starts workflow `W` under `workflow_id` and runs it in this process. Returns once the workflow is
     /// durably recorded (its first commit). A start of an id already recorded with the same input attaches to
     /// it; with another input it is [`Error::Conflict`].
-    pub async fn start<W: Workflow<S>>(
-        &self,
-        workflow_id: &str,
-        input: &W::Input,
-    ) -> Result<Handle<S>> {
+    pub async fn start<W: Workflow<S>>(&self, workflow_id: &str, input: &W::Input) -> Result<Handle<S>> {
         let input = serde_json::to_string(input)?;
         let hash = input_hash(&input);
-        let wf = self
-            .core
-            .registry
-            .get(W::NAME)
-            .cloned()
-            .ok_or(Error::UnknownWorkflowType(W::NAME.to_owned()))?;
+        let wf = self.core.registry.get(W::NAME).cloned().ok_or(Error::UnknownWorkflowType(W::NAME.to_owned()))?;
         if self.core.shutdown.is_cancelled() {
             return Err(Error::ShuttingDown);
         }
@@ -253,11 +234,7 @@ impl<S: Store> Engine<S> {
         let (tx, rx) = oneshot::channel();
         tokio::spawn(drive(self.core.clone(), wf, record, true, Some(tx)));
         match rx.await {
-            Ok(Ok(true)) => Ok(Handle {
-                engine: self.clone(),
-                workflow_id: workflow_id.to_owned(),
-                attached: false,
-            }),
+            Ok(Ok(true)) => Ok(Handle { engine: self.clone(), workflow_id: workflow_id.to_owned(), attached: false }),
             Ok(Err(e)) => Err(e),
             Ok(Ok(false)) | Err(_) => match self.core.store.workflow(workflow_id).await? {
                 Some(existing) => self.attach_if_same(workflow_id, existing.input_hash == hash),
@@ -268,15 +245,9 @@ impl<S: Store> Engine<S> {
 
     fn attach_if_same(&self, workflow_id: &str, same: bool) -> Result<Handle<S>> {
         if same {
-            Ok(Handle {
-                engine: self.clone(),
-                workflow_id: workflow_id.to_owned(),
-                attached: true,
-            })
+            Ok(Handle { engine: self.clone(), workflow_id: workflow_id.to_owned(), attached: true })
         } else {
-            Err(Error::Conflict {
-                workflow_id: workflow_id.to_owned(),
-            })
+            Err(Error::Conflict { workflow_id: workflow_id.to_owned() })
         }
     }
 
@@ -315,9 +286,7 @@ impl<S: Store> Engine<S> {
                         Ok(f) if &*f.workflow_id == workflow_id => return f.outcome,
                         Ok(_) => {}
                         Err(broadcast::error::RecvError::Lagged(_)) => return None,
-                        Err(broadcast::error::RecvError::Closed) => {
-                            std::future::pending::<()>().await
-                        }
+                        Err(broadcast::error::RecvError::Closed) => std::future::pending::<()>().await,
                     }
                 }
             })
@@ -377,11 +346,7 @@ impl<S: Store> Engine<S> {
         if self.core.shutdown.is_cancelled() {
             return Ok(0);
         }
-        let free = self
-            .core
-            .config
-            .max_concurrent
-            .saturating_sub(self.core.running().len());
+        let free = self.core.config.max_concurrent.saturating_sub(self.core.running().len());
         if free == 0 {
             return Ok(0);
         }
@@ -390,28 +355,18 @@ impl<S: Store> Engine<S> {
         let claimed = self
             .core
             .store
-            .claim_due(
-                &self.core.owner,
-                now,
-                lease_until,
-                i64::try_from(free).unwrap_or(i64::MAX),
-            )
+            .claim_due(&self.core.owner, now, lease_until, i64::try_from(free).unwrap_or(i64::MAX))
             .await?;
         let count = claimed.len();
         for record in claimed {
             let Some(wf) = self.core.registry.get(record.name.as_str()).cloned() else {
                 tracing::warn!(workflow_id = %record.workflow_id, name = %record.name,
                     "no workflow type of this name is registered here; leaving it to another process");
-                self.core
-                    .store
-                    .release(&record.workflow_id, record.lease_epoch, lease_until, now)
-                    .await?;
+                self.core.store.release(&record.workflow_id, record.lease_epoch, lease_until, now).await?;
                 continue;
             };
             tracing::info!(workflow_id = %record.workflow_id, state = %record.state, "resuming workflow");
-            self.core
-                .running()
-                .insert(record.workflow_id.clone(), record.input_hash.clone());
+            self.core.running().insert(record.workflow_id.clone(), record.input_hash.clone());
             tokio::spawn(drive(self.core.clone(), wf, record, false, None));
         }
         Ok(count)
@@ -453,10 +408,7 @@ impl<S: Store> Engine<S> {
         while !self.core.running().is_empty() && Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        self.core
-            .store
-            .release_all(&self.core.owner, self.core.now())
-            .await?;
+        self.core.store.release_all(&self.core.owner, self.core.now()).await?;
         Ok(())
     }
 
@@ -465,37 +417,20 @@ impl<S: Store> Engine<S> {
         let Some(workflow) = self.core.store.workflow(workflow_id).await? else {
             return Ok(None);
         };
-        let (steps, compensations) = tokio::try_join!(
-            self.core.store.steps(workflow_id),
-            self.core.store.compensations(workflow_id)
-        )?;
-        Ok(Some(WorkflowView {
-            workflow,
-            steps,
-            compensations,
-        }))
+        let (steps, compensations) =
+            tokio::try_join!(self.core.store.steps(workflow_id), self.core.store.compensations(workflow_id))?;
+        Ok(Some(WorkflowView { workflow, steps, compensations }))
     }
 
     /// A page of workflows, newest first, optionally in one state, created before `before` (ms).
-    pub async fn list(
-        &self,
-        state: Option<&str>,
-        before: Option<i64>,
-        limit: i64,
-    ) -> Result<Vec<WorkflowRecord>> {
-        self.core
-            .store
-            .list(state, before, limit.clamp(1, 1000))
-            .await
+    pub async fn list(&self, state: Option<&str>, before: Option<i64>, limit: i64) -> Result<Vec<WorkflowRecord>> {
+        self.core.store.list(state, before, limit.clamp(1, 1000)).await
     }
 
     /// Retries a workflow that ended badly: `compensation_failed` runs its compensations again; `failed`
     /// with no compensation done (e.g. a step mismatch) runs forward again from the failed step.
     pub async fn retry(&self, workflow_id: &str) -> Result<WorkflowRecord> {
-        let view = self
-            .workflow(workflow_id)
-            .await?
-            .ok_or_else(|| Error::NotFound(workflow_id.to_owned()))?;
+        let view = self.workflow(workflow_id).await?.ok_or_else(|| Error::NotFound(workflow_id.to_owned()))?;
         let now = self.core.now();
         let (from, how): (&[&str], Reopen) = match view.workflow.state.as_str() {
             state::COMPENSATION_FAILED => (&[state::COMPENSATION_FAILED], Reopen::Compensation),
@@ -510,15 +445,11 @@ impl<S: Store> Engine<S> {
                 });
             }
         };
-        self.core
-            .store
-            .reopen(workflow_id, from, how, None, now)
-            .await?
-            .ok_or_else(|| Error::InvalidState {
-                workflow_id: workflow_id.to_owned(),
-                state: "changed".to_owned(),
-                reason: "the workflow changed state meanwhile",
-            })
+        self.core.store.reopen(workflow_id, from, how, None, now).await?.ok_or_else(|| Error::InvalidState {
+            workflow_id: workflow_id.to_owned(),
+            state: "changed".to_owned(),
+            reason: "the workflow changed state meanwhile",
+        })
     }
 
     /// Cancels a running workflow: any current run is fenced out, the registered compensations run, and the
@@ -529,24 +460,12 @@ impl<S: Store> Engine<S> {
         let reopened = self
             .core
             .store
-            .reopen(
-                workflow_id,
-                &[state::RUNNING],
-                Reopen::Cancel,
-                Some(failure_json(&failure)),
-                now,
-            )
+            .reopen(workflow_id, &[state::RUNNING], Reopen::Cancel, Some(failure_json(&failure)), now)
             .await?;
         match reopened {
             Some(record) => Ok(record),
             None => {
-                let state = self
-                    .core
-                    .store
-                    .workflow(workflow_id)
-                    .await?
-                    .map(|w| w.state)
-                    .unwrap_or_default();
+                let state = self.core.store.workflow(workflow_id).await?.map(|w| w.state).unwrap_or_default();
                 Err(Error::InvalidState {
                     workflow_id: workflow_id.to_owned(),
                     state,

@@ -91,11 +91,7 @@ pub struct Failure {
 impl Failure {
     /// A failure without details.
     pub fn new(code: impl Into<String>, message: impl Into<String>) -> Self {
-        Self {
-            code: code.into(),
-            message: message.into(),
-            details: Value::Null,
-        }
+        Self { code: code.into(), message: message.into(), details: Value::Null }
     }
 
     /// The same failure carrying `details`.

@@ -39,10 +39,7 @@
 //! # Ok(()) }
 //! ```
 #![forbid(unsafe_code)]
-#![cfg_attr(
-    not(test),
-    deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
-)]
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
 
 mod clock;
 mod context;
@@ -63,8 +60,7 @@ pub use outcome::Outcome;
 pub use retry::RetryPolicy;
 pub use step::{Attempt, Previous, StepSpec, step};
 pub use store::{
-    CompensationRecord, Conn, Listener, POSTGRES_MIGRATOR, PgStore, Reopen, SQLITE_MIGRATOR,
-    SqliteStore, StepRecord, Store, Tx, WorkflowRecord, WorkflowUpdate, compensation_status, kind,
-    state, step_status,
+    CompensationRecord, Conn, Listener, POSTGRES_MIGRATOR, PgStore, Reopen, SQLITE_MIGRATOR, SqliteStore, StepRecord,
+    Store, Tx, WorkflowRecord, WorkflowUpdate, compensation_status, kind, state, step_status,
 };
 pub use workflow::{BoxFuture, Compensation, Workflow};

@@ -26,11 +26,7 @@ impl Outcome {
         let failure = || parse_failure(record.error.as_deref());
         Some(match record.state.as_str() {
             state::COMPLETED => Self::Completed(
-                record
-                    .output
-                    .as_deref()
-                    .and_then(|o| serde_json::from_str(o).ok())
-                    .unwrap_or(Value::Null),
+                record.output.as_deref().and_then(|o| serde_json::from_str(o).ok()).unwrap_or(Value::Null),
             ),
             state::FAILED => Self::Failed(failure()),
             state::COMPENSATION_FAILED => Self::CompensationFailed(failure()),
@@ -42,9 +38,9 @@ impl Outcome {
     /// The output decoded as `T`, or the failure.
     pub fn output<T: DeserializeOwned>(&self) -> Result<T, Failure> {
         match self {
-            Self::Completed(v) => T::deserialize(v).map_err(|e| {
-                Failure::new("invalid_output", format!("output does not decode: {e}"))
-            }),
+            Self::Completed(v) => {
+                T::deserialize(v).map_err(|e| Failure::new("invalid_output", format!("output does not decode: {e}")))
+            }
             Self::Failed(f) | Self::CompensationFailed(f) | Self::Cancelled(f) => Err(f.clone()),
         }
     }

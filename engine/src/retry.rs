@@ -37,10 +37,7 @@ impl Default for RetryPolicy {
 impl RetryPolicy {
     /// A policy that never retries.
     pub fn none() -> Self {
-        Self {
-            max_attempts: 1,
-            ..Self::default()
-        }
+        Self { max_attempts: 1, ..Self::default() }
     }
 
     /// The wait before attempt `failed_attempts + 1`, or `None` when the attempts are used up.
@@ -54,8 +51,7 @@ impl RetryPolicy {
     /// The wait after `failed_attempts` failures ignoring `max_attempts` (capped at `max_interval`): used for
     /// outcomes that must be resolved however long it takes.
     pub fn delay_unbounded(&self, failed_attempts: u32) -> Duration {
-        self.backoff_delay(failed_attempts.min(64))
-            .unwrap_or(self.max_interval)
+        self.backoff_delay(failed_attempts.min(64)).unwrap_or(self.max_interval)
     }
 
     fn backoff_delay(&self, failed_attempts: u32) -> Option<Duration> {
@@ -69,12 +65,8 @@ impl RetryPolicy {
         }
         let n = failed_attempts.max(1) as usize;
         // backon multiplies in f32: whole milliseconds keep the waits exact.
-        let whole_ms =
-            |d: Duration| Duration::from_millis((d.as_secs_f64() * 1000.0).round() as u64);
-        builder
-            .build()
-            .nth(n - 1)
-            .map(|d| whole_ms(d).min(self.max_interval * 2))
+        let whole_ms = |d: Duration| Duration::from_millis((d.as_secs_f64() * 1000.0).round() as u64);
+        builder.build().nth(n - 1).map(|d| whole_ms(d).min(self.max_interval * 2))
     }
 }
 

@@ -54,8 +54,7 @@ async fn drive_until_stopped<S: Store>(
                 return None;
             }
         };
-        let mut ctx =
-            WorkflowContext::new(core.clone(), &record, insert, steps, &comps, started.take());
+        let mut ctx = WorkflowContext::new(core.clone(), &record, insert, steps, &comps, started.take());
         ctx.restore_pending(std::mem::take(&mut carried));
         ctx.set_attempts(std::mem::take(&mut attempts));
         let result = run_once(&mut ctx, wf, &record).await;
@@ -96,10 +95,7 @@ async fn drive_until_stopped<S: Store>(
                 let e = interrupted(other);
                 tracing::warn!(workflow_id = %id, error = %e, "workflow run stopped; it will be retried");
                 if !insert {
-                    let _ = core
-                        .store
-                        .release(&id, record.lease_epoch, core.now() + 1000, core.now())
-                        .await;
+                    let _ = core.store.release(&id, record.lease_epoch, core.now() + 1000, core.now()).await;
                 }
                 signal(ctx.take_started(), Err(e));
                 return None;
@@ -111,10 +107,7 @@ async fn drive_until_stopped<S: Store>(
 /// Commits what the run has done so far and releases the workflow until `until`. A start still waiting for
 /// the first commit hears of it either way.
 async fn release<S: Store>(ctx: &mut WorkflowContext<S>, until: i64) {
-    let update = WorkflowUpdate {
-        release_until: Some(until),
-        ..Default::default()
-    };
+    let update = WorkflowUpdate { release_until: Some(until), ..Default::default() };
     if let Err(e) = ctx.commit(update).await {
         signal(ctx.take_started(), Err(interrupted(e)));
     }
@@ -138,10 +131,7 @@ fn signal(started: Option<StartSignal>, result: Result<bool, Error>) {
 async fn release_after_error<S: Store>(core: &Core<S>, record: &WorkflowRecord, e: Error) {
     tracing::warn!(workflow_id = %record.workflow_id, error = %e, "could not load the workflow's history");
     let now = core.now();
-    let _ = core
-        .store
-        .release(&record.workflow_id, record.lease_epoch, now + 1000, now)
-        .await;
+    let _ = core.store.release(&record.workflow_id, record.lease_epoch, now + 1000, now).await;
 }
 
 /// Runs the body (unless it already failed), then the compensations of a failure.
@@ -154,8 +144,7 @@ async fn run_once<S: Store>(
         match wf.run(ctx, &record.input).await {
             Ok(output) => {
                 let value: Value = serde_json::from_str(&output).unwrap_or(Value::Null);
-                ctx.commit(finish(state::COMPLETED, Some(output), None, ctx.now_ms()))
-                    .await?;
+                ctx.commit(finish(state::COMPLETED, Some(output), None, ctx.now_ms())).await?;
                 return Ok(Outcome::Completed(value));
             }
             Err(Interrupt::Failed(failure)) => {
@@ -170,8 +159,7 @@ async fn run_once<S: Store>(
             Err(e @ Interrupt::StepMismatch { .. }) => {
                 ctx.abort_phase().await;
                 let failure = Failure::new("step_mismatch", e.to_string());
-                ctx.commit(finish(state::FAILED, None, Some(&failure), ctx.now_ms()))
-                    .await?;
+                ctx.commit(finish(state::FAILED, None, Some(&failure), ctx.now_ms())).await?;
                 return Ok(Outcome::Failed(failure));
             }
             Err(other) => return Err(other),
@@ -189,11 +177,7 @@ async fn compensate<S: Store>(
     failure: Failure,
 ) -> Result<Outcome, Interrupt> {
     let comps = ctx.core().store.compensations(ctx.workflow_id()).await?;
-    for c in comps
-        .iter()
-        .rev()
-        .filter(|c| c.status != compensation_status::DONE)
-    {
+    for c in comps.iter().rev().filter(|c| c.status != compensation_status::DONE) {
         ctx.set_prefix(format!("compensate/{}/", c.seq));
         let compensation = Compensation {
             step_key: c.step_key.clone(),
@@ -215,13 +199,7 @@ async fn compensate<S: Store>(
                     "compensation": { "name": c.name, "step_key": c.step_key, "failure": reason },
                 });
                 ctx.set_prefix(String::new());
-                ctx.commit(finish(
-                    state::COMPENSATION_FAILED,
-                    None,
-                    Some(&failed),
-                    ctx.now_ms(),
-                ))
-                .await?;
+                ctx.commit(finish(state::COMPENSATION_FAILED, None, Some(&failed), ctx.now_ms())).await?;
                 return Ok(Outcome::CompensationFailed(failed));
             }
             Err(other) => return Err(other),
@@ -229,30 +207,11 @@ async fn compensate<S: Store>(
     }
     ctx.set_prefix(String::new());
     let cancelled = failure.code == crate::engine::CANCELLED_CODE;
-    let final_state = if cancelled {
-        state::CANCELLED
-    } else {
-        state::FAILED
-    };
-    ctx.commit(finish(final_state, None, Some(&failure), ctx.now_ms()))
-        .await?;
-    Ok(if cancelled {
-        Outcome::Cancelled(failure)
-    } else {
-        Outcome::Failed(failure)
-    })
+    let final_state = if cancelled { state::CANCELLED } else { state::FAILED };
+    ctx.commit(finish(final_state, None, Some(&failure), ctx.now_ms())).await?;
+    Ok(if cancelled { Outcome::Cancelled(failure) } else { Outcome::Failed(failure) })
 }
 
-fn finish(
-    state: &'static str,
-    output: Option<String>,
-    failure: Option<&Failure>,
-    now: i64,
-) -> WorkflowUpdate {
-    WorkflowUpdate {
-        state: Some(state),
-        output,
-        error: failure.map(failure_json),
-        release_until: Some(now),
-    }
+fn finish(state: &'static str, output: Option<String>, failure: Option<&Failure>, now: i64) -> WorkflowUpdate {
+    WorkflowUpdate { state: Some(state), output, error: failure.map(failure_json), release_until: Some(now) }
 }

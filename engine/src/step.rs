@@ -19,12 +19,7 @@ pub struct StepSpec {
 /// A step under `key` (unique within its workflow), named after its key.
 pub fn step(key: impl Into<String>) -> StepSpec {
     let key = key.into();
-    StepSpec {
-        name: key.clone(),
-        key,
-        retry: RetryPolicy::default(),
-        compensation: None,
-    }
+    StepSpec { name: key.clone(), key, retry: RetryPolicy::default(), compensation: None }
 }
 
 impl StepSpec {

@@ -57,11 +57,7 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// A [`Workflow`] with its types erased to JSON, as the registry keeps it.
 pub(crate) trait ErasedWorkflow<S: Store>: Send + Sync {
-    fn run<'a>(
-        &'a self,
-        ctx: &'a mut WorkflowContext<S>,
-        input: &'a str,
-    ) -> BoxFuture<'a, Result<String, Interrupt>>;
+    fn run<'a>(&'a self, ctx: &'a mut WorkflowContext<S>, input: &'a str) -> BoxFuture<'a, Result<String, Interrupt>>;
 
     fn compensate<'a>(
         &'a self,
@@ -72,17 +68,10 @@ pub(crate) trait ErasedWorkflow<S: Store>: Send + Sync {
 }
 
 impl<S: Store, W: Workflow<S>> ErasedWorkflow<S> for W {
-    fn run<'a>(
-        &'a self,
-        ctx: &'a mut WorkflowContext<S>,
-        input: &'a str,
-    ) -> BoxFuture<'a, Result<String, Interrupt>> {
+    fn run<'a>(&'a self, ctx: &'a mut WorkflowContext<S>, input: &'a str) -> BoxFuture<'a, Result<String, Interrupt>> {
         Box::pin(async move {
             let input: W::Input = serde_json::from_str(input).map_err(|e| {
-                Interrupt::Failed(Failure::new(
-                    "invalid_input",
-                    format!("stored input does not decode: {e}"),
-                ))
+                Interrupt::Failed(Failure::new("invalid_input", format!("stored input does not decode: {e}")))
             })?;
             let output = Workflow::run(self, ctx, input).await?;
             serde_json::to_string(&output).map_err(|e| Interrupt::Engine(e.into()))

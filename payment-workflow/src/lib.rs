@@ -1,1 +1,47 @@
-//! The payment saga on the onceflow engine. Built in its own issue; empty until then.
+//! onceflow's payment service: a payment saga on the durable-step engine that never charges twice.
+//!
+//! Three layers stand against duplicate payments: an idempotency token bound to the request's fingerprint and
+//! route (its final response stored and replayed), `request_no` unique per tenant forever, and an order state
+//! machine moved only by conditional updates. Every step of a payment is durable, so after any crash the
+//! payment resumes or compensates, and the channel — asked again only by the same `request_no` — sees one
+//! charge.
+//!
+//! ```no_run
+//! use std::{sync::Arc, time::Duration};
+//! use onceflow_engine::{EngineConfig, SqliteStore, Store};
+//! use onceflow_payments::{MockChannel, PayRequest, Payments};
+//!
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let store = SqliteStore::connect("sqlite://pay.db").await?;
+//! store.migrate().await?;
+//! let payments = Payments::new(store, Arc::new(MockChannel::reliable()), EngineConfig::default());
+//! payments.create_order("default", "O-1", 1000, "CNY").await?;
+//! let token = payments.issue_token("default").await?;
+//! let request = PayRequest { order_no: "O-1".into(), amount: 1000, currency: "CNY".into(), request_no: None };
+//! let response = payments.pay("default", &token.token, "/v1/payments", &request, Duration::from_secs(10)).await?;
+//! assert_eq!(response.status, 201);
+//! # Ok(()) }
+//! ```
+#![forbid(unsafe_code)]
+
+mod channel;
+mod error;
+mod invariants;
+mod model;
+mod saga;
+mod service;
+mod store;
+
+pub use channel::{
+    Channel, ChannelError, Charge, ChargeRequest, ChargeStatus, HttpChannel, Ledger, LedgerCharge, MockChannel,
+    MockChannelConfig, Refund, RefundRequest, RefundStatus, mock_channel_router,
+};
+pub use error::{Error, Result};
+pub use invariants::{Violation, check_invariants};
+pub use model::{
+    Order, PayRequest, PaymentRecord, StoredResponse, TokenRecord, order_status, payment_status, problem, token_state,
+    validate_currency, validate_key,
+};
+pub use saga::{PaymentInput, PaymentSaga};
+pub use service::{IssuedToken, PayResponse, Payments, TOKEN_TTL_MS};
+pub use store::{PaymentStore, Reserve};

@@ -12,9 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use onceflow_engine::{
-    BoxFuture, Engine, Interrupt, Outcome, PgStore, Store, Workflow, WorkflowContext,
-};
+use onceflow_engine::{BoxFuture, Engine, Interrupt, Outcome, PgStore, Store, Workflow, WorkflowContext};
 
 struct Pay;
 
@@ -52,16 +50,17 @@ impl Workflow<PgStore> for Pay {
         let o = order.clone();
         ctx.transactional("reserve_status", move |c| -> BoxFuture<'_, _> {
             Box::pin(async move {
-                sqlx::query("UPDATE pay_orders SET status = 1, version = version + 1 WHERE order_no = $1 AND status = 0")
-                    .bind(o)
-                    .execute(c)
-                    .await?;
+                sqlx::query(
+                    "UPDATE pay_orders SET status = 1, version = version + 1 WHERE order_no = $1 AND status = 0",
+                )
+                .bind(o)
+                .execute(c)
+                .await?;
                 Ok(())
             })
         })
         .await?;
-        ctx.external("call_channel", |_attempt| async { Ok(()) })
-            .await?;
+        ctx.external("call_channel", |_attempt| async { Ok(()) }).await?;
         ctx.transactional("confirm", move |c| -> BoxFuture<'_, _> {
             Box::pin(async move {
                 sqlx::query("UPDATE pay_orders SET status = 2 WHERE order_no = $1 AND status = 1")
@@ -81,20 +80,14 @@ impl Workflow<PgStore> for Pay {
 }
 
 async fn commits(store: &PgStore) -> anyhow::Result<i64> {
-    Ok(sqlx::query_scalar(
-        "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()",
-    )
-    .fetch_one(store.pool())
-    .await?)
+    Ok(sqlx::query_scalar("SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()")
+        .fetch_one(store.pool())
+        .await?)
 }
 
 fn arg(name: &str, default: u64) -> u64 {
     let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
+    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).and_then(|v| v.parse().ok()).unwrap_or(default)
 }
 
 fn bench_dir() -> PathBuf {
@@ -105,12 +98,7 @@ fn bench_dir() -> PathBuf {
 
 fn run(cmd: &mut Command) -> anyhow::Result<String> {
     let out = cmd.output()?;
-    anyhow::ensure!(
-        out.status.success(),
-        "{:?} failed: {}",
-        cmd,
-        String::from_utf8_lossy(&out.stderr)
-    );
+    anyhow::ensure!(out.status.success(), "{:?} failed: {}", cmd, String::from_utf8_lossy(&out.stderr));
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
@@ -121,10 +109,7 @@ fn fresh_db(base: &str, name: &str, n: u64) -> anyhow::Result<String> {
     run(Command::new("psql").args([base, "-qc", &format!("CREATE DATABASE {name}")]))?;
     let url = format!("{server}/{name}");
     let schema = bench_dir().join("schema.sql");
-    run(Command::new("psql")
-        .arg(&url)
-        .args(["-q", "-v", &format!("n={n}"), "-f"])
-        .arg(schema))?;
+    run(Command::new("psql").arg(&url).args(["-q", "-v", &format!("n={n}"), "-f"]).arg(schema))?;
     Ok(url)
 }
 
@@ -144,16 +129,7 @@ fn main() -> anyhow::Result<()> {
     println!("floor: pgbench -n -c {concurrency} -j 2 -t {floor_tx} -f floor_pay.pgbench");
     let floor_url = fresh_db(&base, "onceflow_bench_floor", concurrency * floor_tx)?;
     let out = run(Command::new("pgbench")
-        .args([
-            "-n",
-            "-c",
-            &concurrency.to_string(),
-            "-j",
-            "2",
-            "-t",
-            &floor_tx.to_string(),
-            "-f",
-        ])
+        .args(["-n", "-c", &concurrency.to_string(), "-j", "2", "-t", &floor_tx.to_string(), "-f"])
         .arg(bench_dir().join("floor_pay.pgbench"))
         .arg(&floor_url))?;
     let floor_tps: f64 = out
@@ -165,13 +141,9 @@ fn main() -> anyhow::Result<()> {
     println!("floor: {floor_tps:.0} payments/s");
 
     let engine_url = fresh_db(&base, "onceflow_bench_engine", workflows)?;
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let rate = rt.block_on(async move {
-        let store =
-            PgStore::connect(&engine_url, u32::try_from(concurrency).unwrap_or(16) + 4).await?;
+        let store = PgStore::connect(&engine_url, u32::try_from(concurrency).unwrap_or(16) + 4).await?;
         store.migrate().await?;
         let engine = Engine::builder(store).register(Pay).build();
         let commits_before = commits(engine.store()).await?;
@@ -186,14 +158,9 @@ fn main() -> anyhow::Result<()> {
                     if n > workflows {
                         return Ok::<_, anyhow::Error>(());
                     }
-                    let handle = engine
-                        .start::<Pay>(&format!("pay-{n}"), &(n as i64))
-                        .await?;
+                    let handle = engine.start::<Pay>(&format!("pay-{n}"), &(n as i64)).await?;
                     let outcome = handle.wait(Duration::from_secs(30)).await?;
-                    anyhow::ensure!(
-                        matches!(outcome, Some(Outcome::Completed(_))),
-                        "workflow {n}: {outcome:?}"
-                    );
+                    anyhow::ensure!(matches!(outcome, Some(Outcome::Completed(_))), "workflow {n}: {outcome:?}");
                 }
             }));
         }
@@ -211,15 +178,10 @@ fn main() -> anyhow::Result<()> {
         let paid: i64 = sqlx::query_scalar("SELECT count(*) FROM pay_orders WHERE status = 2")
             .fetch_one(engine.store().pool())
             .await?;
-        anyhow::ensure!(
-            paid == workflows as i64,
-            "{paid} orders paid of {workflows}"
-        );
+        anyhow::ensure!(paid == workflows as i64, "{paid} orders paid of {workflows}");
         Ok::<_, anyhow::Error>(workflows as f64 / secs)
     })?;
-    println!(
-        "engine: {workflows} five-step workflows, {concurrency} in flight: {rate:.0} workflows/s"
-    );
+    println!("engine: {workflows} five-step workflows, {concurrency} in flight: {rate:.0} workflows/s");
     println!("ratio engine/floor: {:.2}x", rate / floor_tps);
     Ok(())
 }

@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use onceflow_engine::{
-    BoxFuture, Compensation, Conn, Failure, Interrupt, PgStore, Previous, RetryPolicy, SqliteStore,
-    StepError, Store, Workflow, WorkflowContext, step,
+    BoxFuture, Compensation, Conn, Failure, Interrupt, PgStore, Previous, RetryPolicy, SqliteStore, StepError, Store,
+    Workflow, WorkflowContext, step,
 };
 use serde::{Deserialize, Serialize};
 use tokio::sync::{Mutex, mpsc};
@@ -18,18 +18,11 @@ pub trait TestDb: Store {
     /// Creates the `effects` table.
     fn create_effects(&self) -> impl Future<Output = anyhow::Result<()>> + Send;
     /// Records `what` for `workflow_id` inside a step's transaction.
-    fn effect<'c>(
-        conn: &'c mut Conn<Self>,
-        workflow_id: String,
-        what: String,
-    ) -> BoxFuture<'c, Result<(), StepError>>;
+    fn effect<'c>(conn: &'c mut Conn<Self>, workflow_id: String, what: String) -> BoxFuture<'c, Result<(), StepError>>;
     /// Another pool on the same database, as another process would have.
     fn another_pool(&self) -> impl Future<Output = anyhow::Result<Self>> + Send;
     /// The effects of `workflow_id`, in the order they committed.
-    fn effects(
-        &self,
-        workflow_id: &str,
-    ) -> impl Future<Output = anyhow::Result<Vec<String>>> + Send;
+    fn effects(&self, workflow_id: &str) -> impl Future<Output = anyhow::Result<Vec<String>>> + Send;
 }
 
 /// The same business SQL on every backend; only the table's id column differs.
@@ -68,22 +61,16 @@ macro_rules! impl_test_db {
             }
 
             async fn effects(&self, workflow_id: &str) -> anyhow::Result<Vec<String>> {
-                Ok(sqlx::query_scalar(
-                    "SELECT what FROM effects WHERE workflow_id = $1 ORDER BY id",
-                )
-                .bind(workflow_id)
-                .fetch_all(self.pool())
-                .await?)
+                Ok(sqlx::query_scalar("SELECT what FROM effects WHERE workflow_id = $1 ORDER BY id")
+                    .bind(workflow_id)
+                    .fetch_all(self.pool())
+                    .await?)
             }
         }
     };
 }
 
-impl_test_db!(
-    SqliteStore,
-    sqlx::SqlitePool,
-    "INTEGER PRIMARY KEY AUTOINCREMENT"
-);
+impl_test_db!(SqliteStore, sqlx::SqlitePool, "INTEGER PRIMARY KEY AUTOINCREMENT");
 impl_test_db!(PgStore, sqlx::PgPool, "BIGSERIAL PRIMARY KEY");
 
 /// A fresh, migrated SQLite database in a temporary file.
@@ -102,9 +89,7 @@ pub async fn pg_url() -> anyhow::Result<Option<String>> {
     };
     let name = format!("onceflow_test_{}", uuid::Uuid::new_v4().simple());
     let admin = PgStore::connect(&base, 1).await?;
-    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
-        .execute(admin.pool())
-        .await?;
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}"))).execute(admin.pool()).await?;
     admin.pool().close().await;
     let url = match base.rsplit_once('/') {
         Some((server, _db)) if server.contains("://") && !server.ends_with('/') => {
@@ -218,42 +203,27 @@ impl<S: TestDb> Workflow<S> for Steps {
     type Input = StepsInput;
     type Output = String;
 
-    async fn run(
-        &self,
-        ctx: &mut WorkflowContext<S>,
-        input: StepsInput,
-    ) -> Result<String, Interrupt> {
+    async fn run(&self, ctx: &mut WorkflowContext<S>, input: StepsInput) -> Result<String, Interrupt> {
         let id = ctx.workflow_id().to_owned();
         let hooks = &self.hooks;
         let effect = |what: &'static str| effect_step::<S>(id.clone(), what);
-        ctx.transactional(step("a").compensate_with("undo", "a"), effect("a"))
-            .await?;
-        ctx.external(
-            step("e1").compensate_with("undo", "e1"),
-            |attempt| async move {
-                hooks
-                    .previous_seen
-                    .lock()
-                    .map(|mut p| p.push(attempt.previous.clone()))
-                    .ok();
-                hooks.point("e1").await;
-                hooks.external_calls.fetch_add(1, Ordering::SeqCst);
-                Ok(attempt.number)
-            },
-        )
+        ctx.transactional(step("a").compensate_with("undo", "a"), effect("a")).await?;
+        ctx.external(step("e1").compensate_with("undo", "e1"), |attempt| async move {
+            hooks.previous_seen.lock().map(|mut p| p.push(attempt.previous.clone())).ok();
+            hooks.point("e1").await;
+            hooks.external_calls.fetch_add(1, Ordering::SeqCst);
+            Ok(attempt.number)
+        })
         .await?;
         let b_id = id.clone();
         let b_hooks = hooks.clone();
-        ctx.transactional(
-            step("b").compensate_with("undo", "b"),
-            move |conn| -> BoxFuture<'_, _> {
-                Box::pin(async move {
-                    S::effect(conn, b_id, "b".to_owned()).await?;
-                    b_hooks.point("b").await;
-                    Ok(())
-                })
-            },
-        )
+        ctx.transactional(step("b").compensate_with("undo", "b"), move |conn| -> BoxFuture<'_, _> {
+            Box::pin(async move {
+                S::effect(conn, b_id, "b".to_owned()).await?;
+                b_hooks.point("b").await;
+                Ok(())
+            })
+        })
         .await?;
         ctx.external("e2", |_attempt| async move {
             hooks.point("e2").await;
@@ -264,12 +234,7 @@ impl<S: TestDb> Workflow<S> for Steps {
         ctx.transactional("c", effect("c")).await?;
         if input.fail {
             ctx.transactional("boom", |_conn| -> BoxFuture<'_, Result<(), StepError>> {
-                Box::pin(async {
-                    Err(StepError::Terminal(Failure::new(
-                        "boom",
-                        "the test asked for a failure",
-                    )))
-                })
+                Box::pin(async { Err(StepError::Terminal(Failure::new("boom", "the test asked for a failure"))) })
             })
             .await?;
         }
@@ -296,7 +261,6 @@ impl<S: TestDb> Workflow<S> for Steps {
             .await?;
         }
         let id = ctx.workflow_id().to_owned();
-        ctx.transactional("undo", move |conn| S::effect(conn, id, what))
-            .await
+        ctx.transactional("undo", move |conn| S::effect(conn, id, what)).await
     }
 }

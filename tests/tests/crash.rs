@@ -12,11 +12,8 @@ const WORKER: &str = env!("CARGO_BIN_EXE_crash-worker");
 
 /// Runs a worker until it prints `reached <point>`, then kills it with SIGKILL.
 fn kill_at(url: &str, id: &str, point: &str) {
-    let mut child = Command::new(WORKER)
-        .args([url, id, "400", point])
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("start the worker");
+    let mut child =
+        Command::new(WORKER).args([url, id, "400", point]).stdout(Stdio::piped()).spawn().expect("start the worker");
     let stdout = child.stdout.take().expect("stdout");
     let mut lines = BufReader::new(stdout).lines();
     let line = lines.next().expect("the worker printed").expect("a line");
@@ -28,15 +25,8 @@ fn kill_at(url: &str, id: &str, point: &str) {
 /// Runs a worker that resumes `id` to its end; returns what it printed.
 fn resume(url: &str, id: &str) -> String {
     let started = Instant::now();
-    let out = Command::new(WORKER)
-        .args([url, id, "400"])
-        .output()
-        .expect("run the worker");
-    assert!(
-        out.status.success(),
-        "resuming worker failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = Command::new(WORKER).args([url, id, "400"]).output().expect("run the worker");
+    assert!(out.status.success(), "resuming worker failed: {}", String::from_utf8_lossy(&out.stderr));
     assert!(started.elapsed() < Duration::from_secs(30));
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
@@ -44,11 +34,7 @@ fn resume(url: &str, id: &str) -> String {
 async fn check<S: TestDb>(store: &S, id: &str) {
     let row = store.workflow(id).await.unwrap().expect("workflow");
     assert_eq!(row.state, state::COMPLETED, "{id}");
-    assert_eq!(
-        store.effects(id).await.unwrap(),
-        ["a", "b", "c"],
-        "{id}: every effect exactly once"
-    );
+    assert_eq!(store.effects(id).await.unwrap(), ["a", "b", "c"], "{id}: every effect exactly once");
 }
 
 fn crash_matrix(url: &str) -> Vec<String> {
@@ -57,10 +43,7 @@ fn crash_matrix(url: &str) -> Vec<String> {
         let id = format!("killed-at-{point}");
         kill_at(url, &id, point);
         let printed = resume(url, &id);
-        assert!(
-            printed.contains("outcome Some(Completed(String(\"done:x\")))"),
-            "{printed}"
-        );
+        assert!(printed.contains("outcome Some(Completed(String(\"done:x\")))"), "{printed}");
         ids.push(id);
     }
     ids

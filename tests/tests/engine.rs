@@ -6,8 +6,8 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use onceflow_engine::{
-    Engine, EngineConfig, Error, Interrupt, ManualClock, Outcome, Previous, RetryPolicy, StepError,
-    Workflow, WorkflowContext, state, step, step_status,
+    Engine, EngineConfig, Error, Interrupt, ManualClock, Outcome, Previous, RetryPolicy, StepError, Workflow,
+    WorkflowContext, state, step, step_status,
 };
 use onceflow_tests::{Hooks, Steps, StepsInput, TestDb, on_both_backends};
 
@@ -15,23 +15,15 @@ const LEASE_MS: i64 = 10_000;
 const WAIT: Duration = Duration::from_secs(20);
 
 fn input(label: &str, fail: bool) -> StepsInput {
-    StepsInput {
-        label: label.to_owned(),
-        fail,
-    }
+    StepsInput { label: label.to_owned(), fail }
 }
 
 fn engine<S: TestDb>(store: S, clock: &ManualClock, hooks: &Arc<Hooks>) -> Engine<S> {
     Engine::builder(store)
-        .register(Steps {
-            hooks: hooks.clone(),
-        })
+        .register(Steps { hooks: hooks.clone() })
         .register(Flaky)
         .clock(clock.clone())
-        .config(EngineConfig {
-            lease: Duration::from_millis(LEASE_MS as u64),
-            ..EngineConfig::default()
-        })
+        .config(EngineConfig { lease: Duration::from_millis(LEASE_MS as u64), ..EngineConfig::default() })
         .build()
 }
 
@@ -42,12 +34,7 @@ fn clock() -> ManualClock {
 /// Starts `Steps` in an engine of its own runtime and pool, and drops the whole runtime (tasks, transactions,
 /// connections) once the workflow reaches `point`: a worker that dies there.
 fn crash_at<S: TestDb>(store: &S, clock: &ManualClock, id: &str, point: &str) {
-    let (store, clock, id, point) = (
-        store.clone(),
-        clock.clone(),
-        id.to_owned(),
-        point.to_owned(),
-    );
+    let (store, clock, id, point) = (store.clone(), clock.clone(), id.to_owned(), point.to_owned());
     std::thread::spawn(move || {
         let rt = tokio::runtime::Runtime::new().expect("runtime");
         rt.block_on(async move {
@@ -55,12 +42,7 @@ fn crash_at<S: TestDb>(store: &S, clock: &ManualClock, id: &str, point: &str) {
             let hooks = Arc::new(Hooks::default());
             let mut reached = hooks.stop_at(&point).await;
             let engine = engine(store, &clock, &hooks);
-            let starter = tokio::spawn(async move {
-                engine
-                    .start::<Steps>(&id, &input("x", false))
-                    .await
-                    .map(|_| ())
-            });
+            let starter = tokio::spawn(async move { engine.start::<Steps>(&id, &input("x", false)).await.map(|_| ()) });
             reached.recv().await.expect("stop point reached");
             drop(starter);
         });
@@ -73,10 +55,7 @@ fn crash_at<S: TestDb>(store: &S, clock: &ManualClock, id: &str, point: &str) {
 async fn runs_each_step_once<S: TestDb>(store: S) {
     let (clock, hooks) = (clock(), Arc::new(Hooks::default()));
     let engine = engine(store.clone(), &clock, &hooks);
-    let handle = engine
-        .start::<Steps>("wf-1", &input("x", false))
-        .await
-        .unwrap();
+    let handle = engine.start::<Steps>("wf-1", &input("x", false)).await.unwrap();
     assert!(!handle.attached());
     let outcome = handle.wait(WAIT).await.unwrap().expect("finished");
     assert_eq!(outcome, Outcome::Completed(serde_json::json!("done:x")));
@@ -85,29 +64,16 @@ async fn runs_each_step_once<S: TestDb>(store: S) {
     let view = engine.workflow("wf-1").await.unwrap().unwrap();
     assert_eq!(view.workflow.state, state::COMPLETED);
     assert_eq!(view.workflow.lease_owner, None);
-    let keys: Vec<_> = view
-        .steps
-        .iter()
-        .map(|s| (s.step_key.as_str(), s.status.as_str()))
-        .collect();
+    let keys: Vec<_> = view.steps.iter().map(|s| (s.step_key.as_str(), s.status.as_str())).collect();
     for key in ["a", "e1", "b", "e2", "c"] {
-        assert!(
-            keys.contains(&(key, step_status::COMPLETED)),
-            "{key} in {keys:?}"
-        );
+        assert!(keys.contains(&(key, step_status::COMPLETED)), "{key} in {keys:?}");
     }
     // A second start with the same input attaches and gets the stored result without running anything.
-    let again = engine
-        .start::<Steps>("wf-1", &input("x", false))
-        .await
-        .unwrap();
+    let again = engine.start::<Steps>("wf-1", &input("x", false)).await.unwrap();
     assert!(again.attached());
     assert_eq!(again.wait(WAIT).await.unwrap(), Some(outcome));
     assert_eq!(store.effects("wf-1").await.unwrap(), ["a", "b", "c"]);
-    assert!(matches!(
-        engine.start::<Steps>("wf-1", &input("y", false)).await,
-        Err(Error::Conflict { .. })
-    ));
+    assert!(matches!(engine.start::<Steps>("wf-1", &input("y", false)).await, Err(Error::Conflict { .. })));
 }
 
 async fn resumes_after_a_dropped_worker<S: TestDb>(store: S) {
@@ -115,43 +81,19 @@ async fn resumes_after_a_dropped_worker<S: TestDb>(store: S) {
         let id = format!("crash-{point}");
         let clock = clock();
         crash_at(&store, &clock, &id, point);
-        let row = store
-            .workflow(&id)
-            .await
-            .unwrap()
-            .expect("recorded before the crash");
+        let row = store.workflow(&id).await.unwrap().expect("recorded before the crash");
         assert_eq!(row.state, state::RUNNING);
         let hooks = Arc::new(Hooks::default());
         let survivor = engine(store.another_pool().await.unwrap(), &clock, &hooks);
-        assert_eq!(
-            survivor.recover_once().await.unwrap(),
-            0,
-            "{point}: the lease still holds"
-        );
+        assert_eq!(survivor.recover_once().await.unwrap(), 0, "{point}: the lease still holds");
         clock.advance(LEASE_MS + 1);
-        assert_eq!(
-            survivor.recover_once().await.unwrap(),
-            1,
-            "{point}: claimed after the lease expired"
-        );
+        assert_eq!(survivor.recover_once().await.unwrap(), 1, "{point}: claimed after the lease expired");
         let outcome = survivor.wait(&id, WAIT).await.unwrap().expect("finished");
-        assert_eq!(
-            outcome,
-            Outcome::Completed(serde_json::json!("done:x")),
-            "{point}"
-        );
-        assert_eq!(
-            store.effects(&id).await.unwrap(),
-            ["a", "b", "c"],
-            "{point}: each effect once"
-        );
+        assert_eq!(outcome, Outcome::Completed(serde_json::json!("done:x")), "{point}");
+        assert_eq!(store.effects(&id).await.unwrap(), ["a", "b", "c"], "{point}: each effect once");
         let seen = hooks.previous_seen.lock().unwrap().clone();
         if point != "e2" {
-            assert_eq!(
-                seen,
-                [Previous::Unknown],
-                "{point}: e1 is told its outcome is unknown"
-            );
+            assert_eq!(seen, [Previous::Unknown], "{point}: e1 is told its outcome is unknown");
         }
         let row = store.workflow(&id).await.unwrap().unwrap();
         assert_eq!(row.lease_epoch, 2);
@@ -181,32 +123,21 @@ async fn a_fenced_worker_commits_nothing<S: TestDb>(store: S) {
     let mut reached = old_hooks.stop_at("e1").await;
     let starter = {
         let old = old.clone();
-        tokio::spawn(async move {
-            old.start::<Steps>("fenced", &input("x", false))
-                .await
-                .map(|_| ())
-        })
+        tokio::spawn(async move { old.start::<Steps>("fenced", &input("x", false)).await.map(|_| ()) })
     };
     reached.recv().await.unwrap();
     starter.await.unwrap().unwrap();
     clock.advance(LEASE_MS + 1);
     let new = engine(store.another_pool().await.unwrap(), &clock, &new_hooks);
     assert_eq!(new.recover_once().await.unwrap(), 1);
-    assert!(matches!(
-        new.wait("fenced", WAIT).await.unwrap(),
-        Some(Outcome::Completed(_))
-    ));
+    assert!(matches!(new.wait("fenced", WAIT).await.unwrap(), Some(Outcome::Completed(_))));
     // The old worker wakes up and tries to go on: its next commit (b, e2's intent) must be refused.
     old_hooks.resume.notify_one();
     for _ in 0..50 {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(store.effects("fenced").await.unwrap(), ["a", "b", "c"]);
-    assert_eq!(
-        old_hooks.external_calls.load(Ordering::SeqCst),
-        1,
-        "the old worker's e1 call ran"
-    );
+    assert_eq!(old_hooks.external_calls.load(Ordering::SeqCst), 1, "the old worker's e1 call ran");
     let row = store.workflow("fenced").await.unwrap().unwrap();
     assert_eq!(row.state, state::COMPLETED);
 }
@@ -214,64 +145,33 @@ async fn a_fenced_worker_commits_nothing<S: TestDb>(store: S) {
 async fn compensations_run_in_reverse<S: TestDb>(store: S) {
     let (clock, hooks) = (clock(), Arc::new(Hooks::default()));
     let engine = engine(store.clone(), &clock, &hooks);
-    let outcome = engine
-        .start::<Steps>("comp", &input("x", true))
-        .await
-        .unwrap()
-        .wait(WAIT)
-        .await
-        .unwrap();
-    let Some(Outcome::Failed(failure)) = outcome else {
-        panic!("expected a failure, got {outcome:?}")
-    };
+    let outcome = engine.start::<Steps>("comp", &input("x", true)).await.unwrap().wait(WAIT).await.unwrap();
+    let Some(Outcome::Failed(failure)) = outcome else { panic!("expected a failure, got {outcome:?}") };
     assert_eq!(failure.code, "boom");
     // `c` and `boom` share an atomic phase: boom's failure rolled c back with it.
-    assert_eq!(
-        store.effects("comp").await.unwrap(),
-        ["a", "b", "undo:b", "undo:e1", "undo:a"]
-    );
+    assert_eq!(store.effects("comp").await.unwrap(), ["a", "b", "undo:b", "undo:e1", "undo:a"]);
     let view = engine.workflow("comp").await.unwrap().unwrap();
     assert_eq!(view.workflow.state, state::FAILED);
     assert!(view.compensations.iter().all(|c| c.status == "done"));
-    assert!(
-        engine.retry("comp").await.is_err(),
-        "a compensated workflow cannot run forward again"
-    );
+    assert!(engine.retry("comp").await.is_err(), "a compensated workflow cannot run forward again");
 }
 
 async fn a_failing_compensation_ends_compensation_failed<S: TestDb>(store: S) {
     let (clock, hooks) = (clock(), Arc::new(Hooks::default()));
     hooks.fail_compensations.store(true, Ordering::SeqCst);
     let engine = engine(store.clone(), &clock, &hooks);
-    let outcome = engine
-        .start::<Steps>("stuck", &input("x", true))
-        .await
-        .unwrap()
-        .wait(WAIT)
-        .await
-        .unwrap();
-    let Some(Outcome::CompensationFailed(failure)) = outcome else {
-        panic!("got {outcome:?}")
-    };
+    let outcome = engine.start::<Steps>("stuck", &input("x", true)).await.unwrap().wait(WAIT).await.unwrap();
+    let Some(Outcome::CompensationFailed(failure)) = outcome else { panic!("got {outcome:?}") };
     assert_eq!(failure.code, "boom");
-    assert_eq!(
-        failure.details["compensation"]["failure"]["code"],
-        "retries_exhausted"
-    );
+    assert_eq!(failure.details["compensation"]["failure"]["code"], "retries_exhausted");
     assert_eq!(store.effects("stuck").await.unwrap(), ["a", "b"]);
     // The operator fixes the cause and retries: the compensations finish.
     hooks.fail_compensations.store(false, Ordering::SeqCst);
     let reopened = engine.retry("stuck").await.unwrap();
     assert_eq!(reopened.state, state::COMPENSATING);
     assert_eq!(engine.recover_once().await.unwrap(), 1);
-    assert!(matches!(
-        engine.wait("stuck", WAIT).await.unwrap(),
-        Some(Outcome::Failed(_))
-    ));
-    assert_eq!(
-        store.effects("stuck").await.unwrap(),
-        ["a", "b", "undo:b", "undo:e1", "undo:a"]
-    );
+    assert!(matches!(engine.wait("stuck", WAIT).await.unwrap(), Some(Outcome::Failed(_))));
+    assert_eq!(store.effects("stuck").await.unwrap(), ["a", "b", "undo:b", "undo:e1", "undo:a"]);
 }
 
 async fn fifty_concurrent_starts_run_once<S: TestDb>(store: S) {
@@ -291,19 +191,13 @@ async fn fifty_concurrent_starts_run_once<S: TestDb>(store: S) {
     }
     for task in tasks {
         let outcome = task.await.unwrap().unwrap();
-        assert_eq!(
-            outcome,
-            Some(Outcome::Completed(serde_json::json!("done:x")))
-        );
+        assert_eq!(outcome, Some(Outcome::Completed(serde_json::json!("done:x"))));
     }
     assert_eq!(store.effects("storm").await.unwrap(), ["a", "b", "c"]);
     let calls = h1.external_calls.load(Ordering::SeqCst) + h2.external_calls.load(Ordering::SeqCst);
     assert_eq!(calls, 2, "the external steps ran once");
     for engine in &engines {
-        assert!(matches!(
-            engine.start::<Steps>("storm", &input("other", false)).await,
-            Err(Error::Conflict { .. })
-        ));
+        assert!(matches!(engine.start::<Steps>("storm", &input("other", false)).await, Err(Error::Conflict { .. })));
     }
 }
 
@@ -312,32 +206,17 @@ async fn cancel_fences_the_runner_and_compensates<S: TestDb>(store: S) {
     let (old_hooks, hooks) = (Arc::new(Hooks::default()), Arc::new(Hooks::default()));
     let old = engine(store.another_pool().await.unwrap(), &clock, &old_hooks);
     let mut reached = old_hooks.stop_at("e2").await;
-    let _handle = old
-        .start::<Steps>("cancel", &input("x", false))
-        .await
-        .unwrap();
+    let _handle = old.start::<Steps>("cancel", &input("x", false)).await.unwrap();
     reached.recv().await.unwrap();
     let operator = engine(store.another_pool().await.unwrap(), &clock, &hooks);
-    assert_eq!(
-        operator.cancel("cancel").await.unwrap().state,
-        state::COMPENSATING
-    );
+    assert_eq!(operator.cancel("cancel").await.unwrap().state, state::COMPENSATING);
     assert_eq!(operator.recover_once().await.unwrap(), 1);
     let outcome = operator.wait("cancel", WAIT).await.unwrap();
-    assert!(
-        matches!(outcome, Some(Outcome::Cancelled(_))),
-        "{outcome:?}"
-    );
+    assert!(matches!(outcome, Some(Outcome::Cancelled(_))), "{outcome:?}");
     old_hooks.resume.notify_one();
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(
-        store.effects("cancel").await.unwrap(),
-        ["a", "b", "undo:b", "undo:e1", "undo:a"]
-    );
-    assert!(
-        operator.cancel("cancel").await.is_err(),
-        "a cancelled workflow cannot be cancelled again"
-    );
+    assert_eq!(store.effects("cancel").await.unwrap(), ["a", "b", "undo:b", "undo:e1", "undo:a"]);
+    assert!(operator.cancel("cancel").await.is_err(), "a cancelled workflow cannot be cancelled again");
 }
 
 /// An external step that fails retryably `fail_times` times, with a wait too long to sleep in-process.
@@ -349,17 +228,10 @@ impl<S: TestDb> Workflow<S> for Flaky {
     type Output = u32;
 
     async fn run(&self, ctx: &mut WorkflowContext<S>, fail_times: u32) -> Result<u32, Interrupt> {
-        let policy = RetryPolicy {
-            initial_interval: Duration::from_secs(30),
-            jitter: false,
-            ..RetryPolicy::default()
-        };
+        let policy = RetryPolicy { initial_interval: Duration::from_secs(30), jitter: false, ..RetryPolicy::default() };
         ctx.external(step("call").retry(policy), |attempt| async move {
             if attempt.number <= fail_times {
-                Err(StepError::Retryable(format!(
-                    "attempt {} failed",
-                    attempt.number
-                )))
+                Err(StepError::Retryable(format!("attempt {} failed", attempt.number)))
             } else {
                 Ok(attempt.number)
             }
@@ -376,24 +248,14 @@ async fn long_waits_are_persisted<S: TestDb>(store: S) {
     assert_eq!(handle.wait(Duration::from_millis(200)).await.unwrap(), None);
     let row = store.workflow("flaky").await.unwrap().unwrap();
     assert_eq!(row.state, state::RUNNING);
-    assert_eq!(
-        row.next_attempt_at,
-        start + 30_000,
-        "the wait is in the database"
-    );
+    assert_eq!(row.next_attempt_at, start + 30_000, "the wait is in the database");
     assert_eq!(row.lease_owner, None, "the workflow was released");
     let steps = store.steps("flaky").await.unwrap();
-    assert_eq!(
-        (steps[0].status.as_str(), steps[0].attempts),
-        (step_status::RETRYING, 1)
-    );
+    assert_eq!((steps[0].status.as_str(), steps[0].attempts), (step_status::RETRYING, 1));
     assert_eq!(engine.recover_once().await.unwrap(), 0, "not due yet");
     clock.advance(30_000);
     assert_eq!(engine.recover_once().await.unwrap(), 1);
-    assert_eq!(
-        engine.wait("flaky", WAIT).await.unwrap(),
-        Some(Outcome::Completed(serde_json::json!(2)))
-    );
+    assert_eq!(engine.wait("flaky", WAIT).await.unwrap(), Some(Outcome::Completed(serde_json::json!(2))));
 }
 
 /// A new version of `steps` whose first step became an external call: its history no longer matches.
@@ -404,11 +266,7 @@ impl<S: TestDb> Workflow<S> for StepsChanged {
     type Input = StepsInput;
     type Output = String;
 
-    async fn run(
-        &self,
-        ctx: &mut WorkflowContext<S>,
-        _input: StepsInput,
-    ) -> Result<String, Interrupt> {
+    async fn run(&self, ctx: &mut WorkflowContext<S>, _input: StepsInput) -> Result<String, Interrupt> {
         ctx.external("a", |_| async { Ok(()) }).await?;
         Ok("changed".to_owned())
     }
@@ -418,35 +276,20 @@ async fn a_changed_step_is_a_mismatch_not_a_replay<S: TestDb>(store: S) {
     let clock = clock();
     crash_at(&store, &clock, "changed", "e1");
     clock.advance(LEASE_MS + 1);
-    let changed = Engine::builder(store.another_pool().await.unwrap())
-        .register(StepsChanged)
-        .clock(clock.clone())
-        .build();
+    let changed =
+        Engine::builder(store.another_pool().await.unwrap()).register(StepsChanged).clock(clock.clone()).build();
     assert_eq!(changed.recover_once().await.unwrap(), 1);
     let outcome = changed.wait("changed", WAIT).await.unwrap();
-    let Some(Outcome::Failed(failure)) = outcome else {
-        panic!("got {outcome:?}")
-    };
+    let Some(Outcome::Failed(failure)) = outcome else { panic!("got {outcome:?}") };
     assert_eq!(failure.code, "step_mismatch");
-    assert!(
-        failure.message.contains("a (transactional)"),
-        "{}",
-        failure.message
-    );
-    assert_eq!(
-        store.effects("changed").await.unwrap(),
-        ["a"],
-        "parked for an operator, nothing compensated"
-    );
+    assert!(failure.message.contains("a (transactional)"), "{}", failure.message);
+    assert_eq!(store.effects("changed").await.unwrap(), ["a"], "parked for an operator, nothing compensated");
     // Once the right code is deployed, the operator retries and the workflow finishes.
     let hooks = Arc::new(Hooks::default());
     let fixed = engine(store.another_pool().await.unwrap(), &clock, &hooks);
     assert_eq!(fixed.retry("changed").await.unwrap().state, state::RUNNING);
     assert_eq!(fixed.recover_once().await.unwrap(), 1);
-    assert!(matches!(
-        fixed.wait("changed", WAIT).await.unwrap(),
-        Some(Outcome::Completed(_))
-    ));
+    assert!(matches!(fixed.wait("changed", WAIT).await.unwrap(), Some(Outcome::Completed(_))));
     assert_eq!(store.effects("changed").await.unwrap(), ["a", "b", "c"]);
 }
 
@@ -485,19 +328,11 @@ async fn a_waiter_elsewhere_is_notified_on_postgres() {
     let hooks = Arc::new(Hooks::default());
     let runner = engine(store.another_pool().await.unwrap(), &clock, &hooks);
     let mut reached = hooks.stop_at("e2").await;
-    runner
-        .start::<Steps>("remote", &input("x", false))
-        .await
-        .unwrap();
+    runner.start::<Steps>("remote", &input("x", false)).await.unwrap();
     reached.recv().await.unwrap();
     let waiter = Engine::builder(store.another_pool().await.unwrap())
-        .register(Steps {
-            hooks: Arc::new(Hooks::default()),
-        })
-        .config(EngineConfig {
-            poll_interval: Duration::from_secs(60),
-            ..EngineConfig::default()
-        })
+        .register(Steps { hooks: Arc::new(Hooks::default()) })
+        .config(EngineConfig { poll_interval: Duration::from_secs(60), ..EngineConfig::default() })
         .build();
     let wait = tokio::spawn(async move { waiter.wait("remote", Duration::from_secs(30)).await });
     tokio::time::sleep(Duration::from_millis(50)).await;
@@ -505,8 +340,5 @@ async fn a_waiter_elsewhere_is_notified_on_postgres() {
     hooks.resume.notify_one();
     let outcome = wait.await.unwrap().unwrap();
     assert!(matches!(outcome, Some(Outcome::Completed(_))));
-    assert!(
-        started.elapsed() < Duration::from_secs(10),
-        "woken by NOTIFY, not by the 60 s poll"
-    );
+    assert!(started.elapsed() < Duration::from_secs(10), "woken by NOTIFY, not by the 60 s poll");
 }

@@ -3,12 +3,7 @@
 use onceflow_engine::{Reopen, StepRecord, WorkflowRecord, WorkflowUpdate, state};
 use onceflow_tests::{TestDb, on_both_backends};
 
-fn workflow(
-    id: &str,
-    owner: Option<&str>,
-    lease_expires_at: Option<i64>,
-    next_attempt_at: i64,
-) -> WorkflowRecord {
+fn workflow(id: &str, owner: Option<&str>, lease_expires_at: Option<i64>, next_attempt_at: i64) -> WorkflowRecord {
     WorkflowRecord {
         workflow_id: id.to_owned(),
         name: "t".to_owned(),
@@ -44,71 +39,31 @@ fn step_row(id: &str, key: &str, status: &str, started_at: i64) -> StepRecord {
 
 async fn insert_is_unique<S: TestDb>(store: S) {
     let mut tx = store.begin().await.unwrap();
-    assert!(
-        store
-            .insert_workflow(&mut tx, &workflow("w", Some("me"), Some(100), 0))
-            .await
-            .unwrap()
-    );
+    assert!(store.insert_workflow(&mut tx, &workflow("w", Some("me"), Some(100), 0)).await.unwrap());
     tx.commit().await.unwrap();
     let mut tx = store.begin().await.unwrap();
-    assert!(
-        !store
-            .insert_workflow(&mut tx, &workflow("w", Some("you"), Some(100), 0))
-            .await
-            .unwrap()
-    );
+    assert!(!store.insert_workflow(&mut tx, &workflow("w", Some("you"), Some(100), 0)).await.unwrap());
     tx.commit().await.unwrap();
-    assert_eq!(
-        store
-            .workflow("w")
-            .await
-            .unwrap()
-            .unwrap()
-            .lease_owner
-            .as_deref(),
-        Some("me")
-    );
+    assert_eq!(store.workflow("w").await.unwrap().unwrap().lease_owner.as_deref(), Some("me"));
     assert_eq!(store.workflow("nope").await.unwrap(), None);
 }
 
 async fn steps_upsert_by_key<S: TestDb>(store: S) {
     let mut tx = store.begin().await.unwrap();
-    store
-        .insert_workflow(&mut tx, &workflow("w", Some("me"), Some(100), 0))
-        .await
-        .unwrap();
-    store
-        .write_steps(
-            &mut tx,
-            &[
-                step_row("w", "a", "started", 1),
-                step_row("w", "b", "completed", 2),
-            ],
-        )
-        .await
-        .unwrap();
+    store.insert_workflow(&mut tx, &workflow("w", Some("me"), Some(100), 0)).await.unwrap();
+    store.write_steps(&mut tx, &[step_row("w", "a", "started", 1), step_row("w", "b", "completed", 2)]).await.unwrap();
     tx.commit().await.unwrap();
     let mut tx = store.begin().await.unwrap();
-    store
-        .write_steps(&mut tx, &[step_row("w", "a", "completed", 1)])
-        .await
-        .unwrap();
+    store.write_steps(&mut tx, &[step_row("w", "a", "completed", 1)]).await.unwrap();
     tx.commit().await.unwrap();
     let steps = store.steps("w").await.unwrap();
-    let got: Vec<_> = steps
-        .iter()
-        .map(|s| (s.step_key.as_str(), s.status.as_str()))
-        .collect();
+    let got: Vec<_> = steps.iter().map(|s| (s.step_key.as_str(), s.status.as_str())).collect();
     assert_eq!(got, [("a", "completed"), ("b", "completed")]);
 }
 
 async fn the_fence_checks_the_epoch<S: TestDb>(store: S) {
     let mut tx = store.begin().await.unwrap();
-    store
-        .insert_workflow(&mut tx, &workflow("w", Some("me"), Some(100), 0))
-        .await
-        .unwrap();
+    store.insert_workflow(&mut tx, &workflow("w", Some("me"), Some(100), 0)).await.unwrap();
     tx.commit().await.unwrap();
     let done = WorkflowUpdate {
         state: Some(state::COMPLETED),
@@ -117,151 +72,55 @@ async fn the_fence_checks_the_epoch<S: TestDb>(store: S) {
         ..Default::default()
     };
     let mut tx = store.begin().await.unwrap();
-    assert_eq!(
-        store.fence(&mut tx, "w", 2, &done, 5).await.unwrap(),
-        None,
-        "a stale epoch is refused"
-    );
-    assert_eq!(
-        store.fence(&mut tx, "w", 1, &done, 5).await.unwrap(),
-        Some(false)
-    );
+    assert_eq!(store.fence(&mut tx, "w", 2, &done, 5).await.unwrap(), None, "a stale epoch is refused");
+    assert_eq!(store.fence(&mut tx, "w", 1, &done, 5).await.unwrap(), Some(false));
     tx.commit().await.unwrap();
     let row = store.workflow("w").await.unwrap().unwrap();
-    assert_eq!(
-        (row.state.as_str(), row.output.as_deref(), row.lease_owner),
-        (state::COMPLETED, Some("7"), None)
-    );
+    assert_eq!((row.state.as_str(), row.output.as_deref(), row.lease_owner), (state::COMPLETED, Some("7"), None));
 }
 
 async fn claims_only_due_and_unleased<S: TestDb>(store: S) {
     let mut tx = store.begin().await.unwrap();
-    store
-        .insert_workflow(&mut tx, &workflow("leased", Some("other"), Some(1_000), 0))
-        .await
-        .unwrap();
-    store
-        .insert_workflow(&mut tx, &workflow("expired", Some("other"), Some(50), 0))
-        .await
-        .unwrap();
-    store
-        .insert_workflow(&mut tx, &workflow("later", None, None, 5_000))
-        .await
-        .unwrap();
-    store
-        .insert_workflow(&mut tx, &workflow("free", None, None, 10))
-        .await
-        .unwrap();
+    store.insert_workflow(&mut tx, &workflow("leased", Some("other"), Some(1_000), 0)).await.unwrap();
+    store.insert_workflow(&mut tx, &workflow("expired", Some("other"), Some(50), 0)).await.unwrap();
+    store.insert_workflow(&mut tx, &workflow("later", None, None, 5_000)).await.unwrap();
+    store.insert_workflow(&mut tx, &workflow("free", None, None, 10)).await.unwrap();
     tx.commit().await.unwrap();
     let mut claimed: Vec<_> = store.claim_due("me", 100, 200, 10).await.unwrap();
     claimed.sort_by(|a, b| a.workflow_id.cmp(&b.workflow_id));
-    let got: Vec<_> = claimed
-        .iter()
-        .map(|w| (w.workflow_id.as_str(), w.lease_epoch))
-        .collect();
+    let got: Vec<_> = claimed.iter().map(|w| (w.workflow_id.as_str(), w.lease_epoch)).collect();
     assert_eq!(got, [("expired", 2), ("free", 2)]);
-    assert!(
-        claimed
-            .iter()
-            .all(|w| w.lease_owner.as_deref() == Some("me") && w.lease_expires_at == Some(200))
-    );
-    assert!(
-        store
-            .claim_due("you", 150, 300, 10)
-            .await
-            .unwrap()
-            .is_empty(),
-        "held leases are not claimed"
-    );
+    assert!(claimed.iter().all(|w| w.lease_owner.as_deref() == Some("me") && w.lease_expires_at == Some(200)));
+    assert!(store.claim_due("you", 150, 300, 10).await.unwrap().is_empty(), "held leases are not claimed");
     assert_eq!(store.heartbeat("me", 400, 150).await.unwrap(), 2);
-    assert!(
-        store
-            .claim_due("you", 300, 500, 10)
-            .await
-            .unwrap()
-            .is_empty(),
-        "the heartbeat extended them"
-    );
-    assert!(
-        !store.release("free", 1, 0, 300).await.unwrap(),
-        "release checks the epoch"
-    );
+    assert!(store.claim_due("you", 300, 500, 10).await.unwrap().is_empty(), "the heartbeat extended them");
+    assert!(!store.release("free", 1, 0, 300).await.unwrap(), "release checks the epoch");
     assert!(store.release("free", 2, 0, 300).await.unwrap());
     assert_eq!(store.claim_due("you", 300, 500, 10).await.unwrap().len(), 1);
     assert_eq!(store.release_all("me", 300).await.unwrap(), 1);
-    assert_eq!(
-        store.claim_due("you", 300, 500, 10).await.unwrap()[0].workflow_id,
-        "expired"
-    );
+    assert_eq!(store.claim_due("you", 300, 500, 10).await.unwrap()[0].workflow_id, "expired");
 }
 
 async fn lists_notifies_and_reopens<S: TestDb>(store: S) {
     let mut tx = store.begin().await.unwrap();
-    store
-        .insert_workflow(&mut tx, &workflow("one", Some("me"), Some(100), 1))
-        .await
-        .unwrap();
-    store
-        .insert_workflow(&mut tx, &workflow("two", Some("me"), Some(100), 2))
-        .await
-        .unwrap();
+    store.insert_workflow(&mut tx, &workflow("one", Some("me"), Some(100), 1)).await.unwrap();
+    store.insert_workflow(&mut tx, &workflow("two", Some("me"), Some(100), 2)).await.unwrap();
     tx.commit().await.unwrap();
-    let all: Vec<_> = store
-        .list(None, None, 10)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|w| w.workflow_id)
-        .collect();
+    let all: Vec<_> = store.list(None, None, 10).await.unwrap().into_iter().map(|w| w.workflow_id).collect();
     assert_eq!(all, ["two", "one"], "newest first");
-    let older: Vec<_> = store
-        .list(Some(state::RUNNING), Some(2), 10)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|w| w.workflow_id)
-        .collect();
+    let older: Vec<_> =
+        store.list(Some(state::RUNNING), Some(2), 10).await.unwrap().into_iter().map(|w| w.workflow_id).collect();
     assert_eq!(older, ["one"]);
-    assert!(
-        store
-            .list(Some(state::FAILED), None, 10)
-            .await
-            .unwrap()
-            .is_empty()
-    );
+    assert!(store.list(Some(state::FAILED), None, 10).await.unwrap().is_empty());
     assert!(store.request_notify("one").await.unwrap().unwrap().notify);
-    let cancelled = store
-        .reopen(
-            "one",
-            &[state::RUNNING],
-            Reopen::Cancel,
-            Some("{}".into()),
-            9,
-        )
-        .await
-        .unwrap()
-        .unwrap();
+    let cancelled =
+        store.reopen("one", &[state::RUNNING], Reopen::Cancel, Some("{}".into()), 9).await.unwrap().unwrap();
     assert_eq!(
-        (
-            cancelled.state.as_str(),
-            cancelled.lease_epoch,
-            cancelled.lease_owner
-        ),
+        (cancelled.state.as_str(), cancelled.lease_epoch, cancelled.lease_owner),
         (state::COMPENSATING, 2, None)
     );
-    assert_eq!(
-        store
-            .reopen("one", &[state::RUNNING], Reopen::Cancel, None, 9)
-            .await
-            .unwrap(),
-        None
-    );
-    assert!(
-        store
-            .reopen("missing", &[state::RUNNING], Reopen::Cancel, None, 9)
-            .await
-            .is_err()
-    );
+    assert_eq!(store.reopen("one", &[state::RUNNING], Reopen::Cancel, None, 9).await.unwrap(), None);
+    assert!(store.reopen("missing", &[state::RUNNING], Reopen::Cancel, None, 9).await.is_err());
 }
 
 on_both_backends!(

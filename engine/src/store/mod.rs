@@ -193,18 +193,10 @@ pub trait Store: Clone + Send + Sync + 'static {
     fn begin(&self) -> impl Future<Output = Result<Tx<Self>>> + Send;
 
     /// Inserts a new workflow, already leased to its starter. `false` when the id exists.
-    fn insert_workflow(
-        &self,
-        conn: &mut Conn<Self>,
-        wf: &WorkflowRecord,
-    ) -> impl Future<Output = Result<bool>> + Send;
+    fn insert_workflow(&self, conn: &mut Conn<Self>, wf: &WorkflowRecord) -> impl Future<Output = Result<bool>> + Send;
 
     /// Inserts or replaces step rows.
-    fn write_steps(
-        &self,
-        conn: &mut Conn<Self>,
-        steps: &[StepRecord],
-    ) -> impl Future<Output = Result<()>> + Send;
+    fn write_steps(&self, conn: &mut Conn<Self>, steps: &[StepRecord]) -> impl Future<Output = Result<()>> + Send;
 
     /// Inserts or replaces compensation rows.
     fn write_compensations(
@@ -225,26 +217,16 @@ pub trait Store: Clone + Send + Sync + 'static {
     ) -> impl Future<Output = Result<Option<bool>>> + Send;
 
     /// Tells waiters in other processes that the workflow ended (Postgres `NOTIFY`; a no-op elsewhere).
-    fn notify_finished(
-        &self,
-        conn: &mut Conn<Self>,
-        workflow_id: &str,
-    ) -> impl Future<Output = Result<()>> + Send;
+    fn notify_finished(&self, conn: &mut Conn<Self>, workflow_id: &str) -> impl Future<Output = Result<()>> + Send;
 
     /// One workflow.
-    fn workflow(
-        &self,
-        workflow_id: &str,
-    ) -> impl Future<Output = Result<Option<WorkflowRecord>>> + Send;
+    fn workflow(&self, workflow_id: &str) -> impl Future<Output = Result<Option<WorkflowRecord>>> + Send;
 
     /// A workflow's steps, in the order they started.
     fn steps(&self, workflow_id: &str) -> impl Future<Output = Result<Vec<StepRecord>>> + Send;
 
     /// A workflow's compensations, in registration order.
-    fn compensations(
-        &self,
-        workflow_id: &str,
-    ) -> impl Future<Output = Result<Vec<CompensationRecord>>> + Send;
+    fn compensations(&self, workflow_id: &str) -> impl Future<Output = Result<Vec<CompensationRecord>>> + Send;
 
     /// Claims up to `limit` runnable workflows (due, lease free or expired) for `owner` until `lease_until`,
     /// incrementing each one's epoch.
@@ -257,12 +239,7 @@ pub trait Store: Clone + Send + Sync + 'static {
     ) -> impl Future<Output = Result<Vec<WorkflowRecord>>> + Send;
 
     /// Extends every lease `owner` holds on an unfinished workflow. Returns how many.
-    fn heartbeat(
-        &self,
-        owner: &str,
-        lease_until: i64,
-        now: i64,
-    ) -> impl Future<Output = Result<u64>> + Send;
+    fn heartbeat(&self, owner: &str, lease_until: i64, now: i64) -> impl Future<Output = Result<u64>> + Send;
 
     /// Releases one workflow, runnable again at `next_attempt_at`, if `epoch` still holds it.
     fn release(
@@ -277,10 +254,7 @@ pub trait Store: Clone + Send + Sync + 'static {
     fn release_all(&self, owner: &str, now: i64) -> impl Future<Output = Result<u64>> + Send;
 
     /// Marks that a waiter in another process wants a notification; returns the workflow as it is now.
-    fn request_notify(
-        &self,
-        workflow_id: &str,
-    ) -> impl Future<Output = Result<Option<WorkflowRecord>>> + Send;
+    fn request_notify(&self, workflow_id: &str) -> impl Future<Output = Result<Option<WorkflowRecord>>> + Send;
 
     /// A page of workflows, newest first, optionally in one state, created before `before` (ms).
     fn list(

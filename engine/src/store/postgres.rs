@@ -7,8 +7,8 @@ use sqlx::Postgres;
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
 
 use super::{
-    CompensationRecord, Conn, Listener, ListenerInner, Reopen, StepRecord, Store, Tx,
-    WorkflowRecord, WorkflowUpdate, shared, shared::shared_store_methods, state,
+    CompensationRecord, Conn, Listener, ListenerInner, Reopen, StepRecord, Store, Tx, WorkflowRecord, WorkflowUpdate,
+    shared, shared::shared_store_methods, state,
 };
 use crate::error::Result;
 
@@ -40,8 +40,7 @@ impl PgStore {
         Self { pool }
     }
 
-    const SELECT_STATE_FOR_UPDATE: &str =
-        "SELECT state FROM workflows WHERE workflow_id = $1 FOR UPDATE";
+    const SELECT_STATE_FOR_UPDATE: &str = "SELECT state FROM workflows WHERE workflow_id = $1 FOR UPDATE";
 }
 
 impl Store for PgStore {
@@ -63,21 +62,11 @@ impl Store for PgStore {
     }
 
     async fn notify_finished(&self, conn: &mut Conn<Self>, workflow_id: &str) -> Result<()> {
-        sqlx::query("SELECT pg_notify($1, $2)")
-            .bind(NOTIFY_CHANNEL)
-            .bind(workflow_id)
-            .execute(&mut *conn)
-            .await?;
+        sqlx::query("SELECT pg_notify($1, $2)").bind(NOTIFY_CHANNEL).bind(workflow_id).execute(&mut *conn).await?;
         Ok(())
     }
 
-    async fn claim_due(
-        &self,
-        owner: &str,
-        now: i64,
-        lease_until: i64,
-        limit: i64,
-    ) -> Result<Vec<WorkflowRecord>> {
+    async fn claim_due(&self, owner: &str, now: i64, lease_until: i64, limit: i64) -> Result<Vec<WorkflowRecord>> {
         Ok(sqlx::query_as(
             "UPDATE workflows w SET lease_owner = $1, lease_expires_at = $3, lease_epoch = w.lease_epoch + 1 \
              FROM (SELECT workflow_id FROM workflows \

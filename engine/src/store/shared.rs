@@ -24,8 +24,7 @@ pub(crate) const RELEASE: &str = "UPDATE workflows SET lease_owner = NULL, lease
     next_attempt_at = $3, updated_at = $4 WHERE workflow_id = $1 AND lease_epoch = $2";
 pub(crate) const RELEASE_ALL: &str = "UPDATE workflows SET lease_owner = NULL, lease_expires_at = NULL, \
     next_attempt_at = $2, updated_at = $2 WHERE lease_owner = $1";
-pub(crate) const REQUEST_NOTIFY: &str =
-    "UPDATE workflows SET notify = TRUE WHERE workflow_id = $1 RETURNING *";
+pub(crate) const REQUEST_NOTIFY: &str = "UPDATE workflows SET notify = TRUE WHERE workflow_id = $1 RETURNING *";
 pub(crate) const LIST: &str = "SELECT * FROM workflows WHERE ($1 IS NULL OR state = $1) \
     AND ($2 IS NULL OR created_at < $2) ORDER BY created_at DESC, workflow_id LIMIT $3";
 
@@ -46,9 +45,8 @@ pub(crate) fn upsert_steps_sql(rows: usize) -> String {
 
 /// `INSERT … VALUES (…), (…) ON CONFLICT … DO UPDATE` for `rows` compensation rows.
 pub(crate) fn upsert_compensations_sql(rows: usize) -> String {
-    let mut sql = String::from(
-        "INSERT INTO workflow_compensations (workflow_id, seq, step_key, name, input, status) VALUES ",
-    );
+    let mut sql =
+        String::from("INSERT INTO workflow_compensations (workflow_id, seq, step_key, name, input, status) VALUES ");
     push_value_rows(&mut sql, rows, 6);
     sql.push_str(" ON CONFLICT (workflow_id, seq) DO UPDATE SET status = excluded.status");
     sql
@@ -59,12 +57,7 @@ fn push_value_rows(sql: &mut String, rows: usize, cols: usize) {
     for r in 0..rows {
         sql.push_str(if r == 0 { "(" } else { ", (" });
         for c in 0..cols {
-            let _ = write!(
-                sql,
-                "{}${}",
-                if c == 0 { "" } else { ", " },
-                r * cols + c + 1
-            );
+            let _ = write!(sql, "{}${}", if c == 0 { "" } else { ", " }, r * cols + c + 1);
         }
         sql.push(')');
     }
@@ -281,10 +274,6 @@ mod tests {
     #[test]
     fn value_rows_number_parameters_in_order() {
         let sql = super::upsert_compensations_sql(2);
-        assert!(
-            sql.contains(
-                "VALUES ($1, $2, $3, $4, $5, $6), ($7, $8, $9, $10, $11, $12) ON CONFLICT"
-            )
-        );
+        assert!(sql.contains("VALUES ($1, $2, $3, $4, $5, $6), ($7, $8, $9, $10, $11, $12) ON CONFLICT"));
     }
 }

@@ -7,8 +7,8 @@ use sqlx::Sqlite;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 
 use super::{
-    CompensationRecord, Conn, Listener, Reopen, StepRecord, Store, Tx, WorkflowRecord,
-    WorkflowUpdate, shared, shared::shared_store_methods, state,
+    CompensationRecord, Conn, Listener, Reopen, StepRecord, Store, Tx, WorkflowRecord, WorkflowUpdate, shared,
+    shared::shared_store_methods, state,
 };
 use crate::error::Result;
 
@@ -70,13 +70,7 @@ impl Store for SqliteStore {
         Ok(())
     }
 
-    async fn claim_due(
-        &self,
-        owner: &str,
-        now: i64,
-        lease_until: i64,
-        limit: i64,
-    ) -> Result<Vec<WorkflowRecord>> {
+    async fn claim_due(&self, owner: &str, now: i64, lease_until: i64, limit: i64) -> Result<Vec<WorkflowRecord>> {
         let mut tx = self.begin().await?;
         let claimed = sqlx::query_as(
             "UPDATE workflows SET lease_owner = $1, lease_expires_at = $3, lease_epoch = lease_epoch + 1 \

@@ -25,12 +25,7 @@ async fn main() -> anyhow::Result<()> {
     }
 }
 
-async fn run<S: TestDb>(
-    store: S,
-    id: &str,
-    lease: Duration,
-    stop: Option<String>,
-) -> anyhow::Result<()> {
+async fn run<S: TestDb>(store: S, id: &str, lease: Duration, stop: Option<String>) -> anyhow::Result<()> {
     store.migrate().await?;
     store.create_effects().await?;
     let hooks = Arc::new(Hooks::default());
@@ -43,20 +38,10 @@ async fn run<S: TestDb>(
             }
         });
     }
-    let config = EngineConfig {
-        lease,
-        poll_interval: Duration::from_millis(50),
-        ..EngineConfig::default()
-    };
-    let engine = Engine::builder(store)
-        .register(Steps { hooks })
-        .config(config)
-        .build();
+    let config = EngineConfig { lease, poll_interval: Duration::from_millis(50), ..EngineConfig::default() };
+    let engine = Engine::builder(store).register(Steps { hooks }).config(config).build();
     let _background = engine.spawn_background();
-    let input = StepsInput {
-        label: "x".to_owned(),
-        fail: false,
-    };
+    let input = StepsInput { label: "x".to_owned(), fail: false };
     let handle = engine.start::<Steps>(id, &input).await?;
     let outcome = handle.wait(Duration::from_secs(60)).await?;
     println!("outcome {outcome:?}");

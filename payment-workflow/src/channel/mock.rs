@@ -1,0 +1,315 @@
+//! The mock channel: the channel protocol with seeded faults and a ledger tests can read. It answers
+//! in-process (as a [`Channel`]) and over HTTP (see `mock_channel_router`).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use super::{Channel, ChannelError, Charge, ChargeRequest, ChargeStatus, Refund, RefundRequest, RefundStatus};
+
+/// The mock channel's faults (rates are 0.0–1.0) and timings.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct MockChannelConfig {
+    /// Delay before every reply.
+    pub latency_ms: u64,
+    /// Share of new charges declined.
+    pub decline_rate: f64,
+    /// Share of charge requests answered `500` before anything is charged.
+    pub error_before_rate: f64,
+    /// Share of charge requests that charge and then answer `500` (the reply is lost).
+    pub error_after_rate: f64,
+    /// Share of charge requests that charge and reply only after `slow_ms` (past the client's timeout).
+    pub slow_rate: f64,
+    /// How late a slow reply comes.
+    pub slow_ms: u64,
+    /// Share of new charges that stay `processing` for `settle_ms`.
+    pub processing_rate: f64,
+    /// How long a processing charge takes to settle.
+    pub settle_ms: u64,
+    /// Seed of the fault dice, for reproducible runs.
+    pub seed: u64,
+}
+
+/// What happens to one charge request besides its answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Fault {
+    /// Answer `500` without charging.
+    ErrorBefore,
+    /// Charge, then answer `500`.
+    ErrorAfter,
+    /// Charge, then answer after `slow_ms`.
+    Slow,
+}
+
+#[derive(Debug, Clone)]
+struct StoredCharge {
+    request: ChargeRequest,
+    charge_id: String,
+    /// What the charge becomes once settled.
+    outcome: ChargeStatus,
+    decline_code: Option<String>,
+    settles_at: Instant,
+}
+
+/// Everything the channel has done, for tests and the chaos run.
+#[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
+pub struct Ledger {
+    /// Every charge (one per `merchant_request_no`), in its current status.
+    pub charges: Vec<LedgerCharge>,
+    /// Every refund.
+    pub refunds: Vec<Refund>,
+    /// Charge requests received (repeats included).
+    pub charge_calls: u64,
+    /// Queries received.
+    pub query_calls: u64,
+    /// Refund requests received.
+    pub refund_calls: u64,
+}
+
+/// A charge in the ledger.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct LedgerCharge {
+    /// The payment's `request_no`.
+    pub merchant_request_no: String,
+    /// The order.
+    pub order_no: String,
+    /// Minor units.
+    pub amount: i64,
+    /// Current status.
+    pub status: ChargeStatus,
+    /// Whether a succeeded refund exists for it.
+    pub refunded: bool,
+}
+
+impl Ledger {
+    /// Succeeded, unrefunded charges of `order_no`.
+    pub fn kept_charges(&self, order_no: &str) -> usize {
+        self.charges
+            .iter()
+            .filter(|c| c.order_no == order_no && c.status == ChargeStatus::Succeeded && !c.refunded)
+            .count()
+    }
+}
+
+#[derive(Debug, Default)]
+struct State {
+    rng: u64,
+    charges: HashMap<String, StoredCharge>,
+    refunds: HashMap<String, (RefundRequest, Refund)>,
+    next_id: u64,
+    charge_calls: u64,
+    query_calls: u64,
+    refund_calls: u64,
+}
+
+impl State {
+    /// splitmix64: a few lines of seeded dice, enough for fault injection.
+    fn roll(&mut self) -> f64 {
+        self.rng = self.rng.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.rng;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        (z >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    fn view(&self, c: &StoredCharge, now: Instant) -> Charge {
+        let status = if now >= c.settles_at { c.outcome } else { ChargeStatus::Processing };
+        Charge {
+            merchant_request_no: c.request.merchant_request_no.clone(),
+            charge_id: c.charge_id.clone(),
+            status,
+            amount: c.request.amount,
+            currency: c.request.currency.clone(),
+            decline_code: (status == ChargeStatus::Declined).then(|| c.decline_code.clone()).flatten(),
+        }
+    }
+}
+
+/// The mock channel. Cheap to clone; clones share one ledger.
+#[derive(Debug, Clone)]
+pub struct MockChannel {
+    config: Arc<MockChannelConfig>,
+    state: Arc<Mutex<State>>,
+}
+
+impl MockChannel {
+    /// A mock channel with these faults.
+    pub fn new(config: MockChannelConfig) -> Self {
+        let state = State { rng: config.seed, ..State::default() };
+        Self { config: Arc::new(config), state: Arc::new(Mutex::new(state)) }
+    }
+
+    /// The same channel (one ledger) answering with other faults from now on.
+    pub fn with_config(&self, config: MockChannelConfig) -> Self {
+        Self { config: Arc::new(config), state: self.state.clone() }
+    }
+
+    /// A mock channel without faults.
+    pub fn reliable() -> Self {
+        Self::new(MockChannelConfig::default())
+    }
+
+    /// Its configuration.
+    pub fn config(&self) -> &MockChannelConfig {
+        &self.config
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A copy of everything the channel did.
+    pub fn ledger(&self) -> Ledger {
+        let state = self.state();
+        let now = Instant::now();
+        let refunded: Vec<&str> = state
+            .refunds
+            .values()
+            .filter(|(_, r)| r.status == RefundStatus::Succeeded)
+            .map(|(req, _)| req.merchant_request_no.as_str())
+            .collect();
+        let mut charges: Vec<LedgerCharge> = state
+            .charges
+            .values()
+            .map(|c| LedgerCharge {
+                merchant_request_no: c.request.merchant_request_no.clone(),
+                order_no: c.request.order_no.clone(),
+                amount: c.request.amount,
+                status: state.view(c, now).status,
+                refunded: refunded.contains(&c.request.merchant_request_no.as_str()),
+            })
+            .collect();
+        charges.sort_by(|a, b| a.merchant_request_no.cmp(&b.merchant_request_no));
+        let mut refunds: Vec<Refund> = state.refunds.values().map(|(_, r)| r.clone()).collect();
+        refunds.sort_by(|a, b| a.merchant_refund_no.cmp(&b.merchant_refund_no));
+        Ledger {
+            charges,
+            refunds,
+            charge_calls: state.charge_calls,
+            query_calls: state.query_calls,
+            refund_calls: state.refund_calls,
+        }
+    }
+
+    async fn latency(&self) {
+        if self.config.latency_ms > 0 {
+            tokio::time::sleep(Duration::from_millis(self.config.latency_ms)).await;
+        }
+    }
+
+    /// Handles a charge request: the answer (`Err` is a refusal: status and message) and the fault, if any.
+    pub(crate) async fn handle_charge(
+        &self,
+        request: &ChargeRequest,
+    ) -> (Result<Charge, (u16, String)>, Option<Fault>) {
+        self.latency().await;
+        let mut state = self.state();
+        state.charge_calls += 1;
+        let fault = {
+            let cfg = &self.config;
+            let dice = state.roll();
+            let mut edge = cfg.error_before_rate;
+            if dice < edge {
+                return (Err((500, "injected error before charging".into())), Some(Fault::ErrorBefore));
+            }
+            edge += cfg.error_after_rate;
+            if dice < edge {
+                Some(Fault::ErrorAfter)
+            } else if dice < edge + cfg.slow_rate {
+                Some(Fault::Slow)
+            } else {
+                None
+            }
+        };
+        if request.amount <= 0 || request.merchant_request_no.is_empty() || request.currency.len() != 3 {
+            return (Err((422, "invalid charge request".into())), None);
+        }
+        let now = Instant::now();
+        if let Some(existing) = state.charges.get(&request.merchant_request_no) {
+            if existing.request != *request {
+                return (Err((409, "merchant_request_no reused with other fields".into())), None);
+            }
+            let view = state.view(existing, now);
+            return (Ok(view), fault);
+        }
+        let declined = state.roll() < self.config.decline_rate;
+        let processing = state.roll() < self.config.processing_rate;
+        state.next_id += 1;
+        let stored = StoredCharge {
+            request: request.clone(),
+            charge_id: format!("ch_{:08}", state.next_id),
+            outcome: if declined { ChargeStatus::Declined } else { ChargeStatus::Succeeded },
+            decline_code: declined.then(|| "insufficient_funds".to_owned()),
+            settles_at: if processing { now + Duration::from_millis(self.config.settle_ms) } else { now },
+        };
+        let view = state.view(&stored, now);
+        state.charges.insert(request.merchant_request_no.clone(), stored);
+        (Ok(view), fault)
+    }
+
+    pub(crate) async fn handle_query(&self, merchant_request_no: &str) -> Option<Charge> {
+        self.latency().await;
+        let mut state = self.state();
+        state.query_calls += 1;
+        let now = Instant::now();
+        state.charges.get(merchant_request_no).map(|c| state.view(c, now))
+    }
+
+    pub(crate) async fn handle_refund(&self, request: &RefundRequest) -> Result<Refund, (u16, String)> {
+        self.latency().await;
+        let mut state = self.state();
+        state.refund_calls += 1;
+        if let Some((existing, refund)) = state.refunds.get(&request.merchant_refund_no) {
+            if existing != request {
+                return Err((409, "merchant_refund_no reused with other fields".into()));
+            }
+            return Ok(refund.clone());
+        }
+        let now = Instant::now();
+        let status = match state.charges.get(&request.merchant_request_no).map(|c| state.view(c, now)) {
+            Some(c) if c.status == ChargeStatus::Succeeded && c.amount >= request.amount => RefundStatus::Succeeded,
+            Some(_) => RefundStatus::Failed,
+            None => return Err((422, "no such charge".into())),
+        };
+        state.next_id += 1;
+        let refund = Refund {
+            merchant_refund_no: request.merchant_refund_no.clone(),
+            refund_id: format!("re_{:08}", state.next_id),
+            status,
+        };
+        state.refunds.insert(request.merchant_refund_no.clone(), (request.clone(), refund.clone()));
+        Ok(refund)
+    }
+
+    pub(crate) async fn handle_refund_query(&self, merchant_refund_no: &str) -> Option<Refund> {
+        self.latency().await;
+        self.state().refunds.get(merchant_refund_no).map(|(_, r)| r.clone())
+    }
+}
+
+/// In-process calls: a fault becomes what the HTTP client would have seen (an unknown outcome), without
+/// waiting for a slow reply.
+#[async_trait::async_trait]
+impl Channel for MockChannel {
+    async fn charge(&self, request: &ChargeRequest) -> Result<Charge, ChannelError> {
+        match self.handle_charge(request).await {
+            (_, Some(Fault::ErrorBefore | Fault::ErrorAfter)) => {
+                Err(ChannelError::Unknown("channel answered 500".into()))
+            }
+            (_, Some(Fault::Slow)) => Err(ChannelError::Unknown("timed out".into())),
+            (Ok(charge), None) => Ok(charge),
+            (Err((status, body)), None) => Err(ChannelError::Refused { status, body }),
+        }
+    }
+
+    async fn query(&self, merchant_request_no: &str) -> Result<Option<Charge>, ChannelError> {
+        Ok(self.handle_query(merchant_request_no).await)
+    }
+
+    async fn refund(&self, request: &RefundRequest) -> Result<Refund, ChannelError> {
+        self.handle_refund(request).await.map_err(|(status, body)| ChannelError::Refused { status, body })
+    }
+}

@@ -1,0 +1,369 @@
+//! The payment saga: `claim_token`, `insert_record`, `reserve_status` (one atomic phase), `call_channel`
+//! (external), `confirm`; with the compensations DESIGN.md lists.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use onceflow_engine::{
+    Attempt, BoxFuture, Compensation, Failure, Interrupt, Previous, RetryPolicy, StepError, Workflow, WorkflowContext,
+    step,
+};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use crate::channel::{Channel, ChannelError, Charge, ChargeRequest, ChargeStatus, RefundRequest, RefundStatus};
+use crate::model::{PaymentRecord, StoredResponse, order_status, payment_status, problem};
+use crate::store::{PaymentStore, Reserve};
+
+/// What a payment workflow is started with: the request, resolved and bound to its token.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PaymentInput {
+    /// Owner.
+    pub tenant: String,
+    /// The idempotency token.
+    pub token: String,
+    /// The route the token is used on.
+    pub route: String,
+    /// SHA-256 of the canonical request fields.
+    pub fingerprint: String,
+    /// The order.
+    pub order_no: String,
+    /// Minor units.
+    pub amount: i64,
+    /// ISO 4217.
+    pub currency: String,
+    /// The payment's number: given by the client or derived from the token; never replaced.
+    pub request_no: String,
+}
+
+impl PaymentInput {
+    /// The body of a succeeded payment (`201`), and of `GET /v1/payments/{request_no}` once paid.
+    pub(crate) fn payment_body(&self, status: &str, charge_id: Option<&str>) -> String {
+        let mut body = json!({
+            "request_no": self.request_no,
+            "order_no": self.order_no,
+            "amount": self.amount,
+            "currency": self.currency,
+            "status": status,
+        });
+        if let Some(id) = charge_id {
+            body["charge_id"] = json!(id);
+        }
+        body.to_string()
+    }
+
+    fn refund_no(&self) -> String {
+        format!("{}-refund", self.request_no)
+    }
+}
+
+/// What the channel step ended with (a decline is an answer, not an error of the step).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+enum ChargeOutcome {
+    Charged { charge_id: String },
+    Declined { decline_code: Option<String> },
+    Refused { status: u16, body: String },
+}
+
+/// The payment workflow type.
+pub struct PaymentSaga {
+    channel: Arc<dyn Channel>,
+    channel_retry: RetryPolicy,
+}
+
+impl PaymentSaga {
+    /// A saga charging through `channel`.
+    pub fn new(channel: Arc<dyn Channel>) -> Self {
+        let channel_retry = RetryPolicy {
+            initial_interval: Duration::from_millis(50),
+            multiplier: 2.0,
+            max_interval: Duration::from_secs(5),
+            max_attempts: 20,
+            jitter: true,
+        };
+        Self { channel, channel_retry }
+    }
+}
+
+/// A terminal failure carrying the response the client gets (and the token stores).
+fn failure_with_response(status: u16, code: &str, title: &str, detail: &str) -> Failure {
+    let body = problem(status, code, title, detail);
+    Failure::new(code, detail).with_details(json!({ "status": status, "body": body }))
+}
+
+/// The response a failure carries, if it carries one.
+pub(crate) fn response_of(failure: &Failure) -> Option<StoredResponse> {
+    let status = u16::try_from(failure.details.get("status")?.as_u64()?).ok()?;
+    let body = failure.details.get("body")?.as_str()?.to_owned();
+    Some(StoredResponse { status, body })
+}
+
+impl<S: PaymentStore> Workflow<S> for PaymentSaga {
+    const NAME: &'static str = "payment";
+    type Input = PaymentInput;
+    type Output = StoredResponse;
+
+    async fn run(&self, ctx: &mut WorkflowContext<S>, input: PaymentInput) -> Result<StoredResponse, Interrupt> {
+        let now = ctx.now_ms();
+        let i = &input;
+
+        // Phase 1, one commit: claim the token, insert the record, reserve the order.
+        let (token, tenant, fingerprint, route) =
+            (i.token.clone(), i.tenant.clone(), i.fingerprint.clone(), i.route.clone());
+        let claimed = ctx
+            .transactional(step("claim_token").compensate_with("store_response", i), move |c| {
+                S::claim_token(c, token, tenant, fingerprint, route, now)
+            })
+            .await?;
+        if !claimed {
+            // Checked before the start; only an expiry in between gets here. Failing in the step rolls the
+            // phase back: nothing is stored.
+            let f = failure_with_response(404, "token_not_found", "Token not found", "the token is unknown or expired");
+            return Err(Interrupt::Failed(f));
+        }
+        let record = PaymentRecord {
+            tenant: i.tenant.clone(),
+            request_no: i.request_no.clone(),
+            order_no: i.order_no.clone(),
+            amount: i.amount,
+            currency: i.currency.clone(),
+            status: payment_status::PROCESSING.to_owned(),
+            token: i.token.clone(),
+            charge_id: None,
+            decline_code: None,
+            created_at: now,
+            updated_at: now,
+        };
+        let inserted = ctx
+            .transactional(step("insert_record").compensate_with("fail_record", i), move |c| {
+                S::insert_payment(c, record)
+            })
+            .await?;
+        if !inserted {
+            let detail = format!("request_no {} is already used by another payment", i.request_no);
+            return reject::<S>(ctx, i, false, 409, "request_no_conflict", "Request number in use", &detail).await;
+        }
+        let (tenant, order_no, currency) = (i.tenant.clone(), i.order_no.clone(), i.currency.clone());
+        let amount = i.amount;
+        let reserve = ctx
+            .transactional(step("reserve_status").compensate_with("release_order", i), move |c| {
+                S::reserve_order(c, tenant, order_no, amount, currency, now)
+            })
+            .await?;
+        match reserve {
+            Reserve::Reserved => {}
+            Reserve::NotFound => {
+                let detail = format!("order {} does not exist", i.order_no);
+                return reject::<S>(ctx, i, true, 404, "order_not_found", "Order not found", &detail).await;
+            }
+            Reserve::Mismatch => {
+                let detail = "amount or currency differ from the order's";
+                return reject::<S>(ctx, i, true, 422, "amount_mismatch", "Amount mismatch", detail).await;
+            }
+            Reserve::NotPayable => {
+                let detail = format!("order {} is paid or has a payment in flight", i.order_no);
+                return reject::<S>(ctx, i, true, 409, "order_not_payable", "Order not payable", &detail).await;
+            }
+        }
+
+        // The channel call: intent committed before, outcome after; an unknown outcome is resolved by the same
+        // request_no, never by a new one.
+        let request = ChargeRequest {
+            merchant_request_no: i.request_no.clone(),
+            order_no: i.order_no.clone(),
+            amount: i.amount,
+            currency: i.currency.clone(),
+        };
+        let channel = &self.channel;
+        let outcome = ctx
+            .external(step("call_channel").retry(self.channel_retry).compensate_with("refund", i), |attempt| {
+                charge(channel.as_ref(), &request, attempt)
+            })
+            .await?;
+        let charge_id = match outcome {
+            ChargeOutcome::Charged { charge_id } => charge_id,
+            ChargeOutcome::Declined { decline_code } => {
+                let code = decline_code.unwrap_or_else(|| "declined".to_owned());
+                let mut body: serde_json::Value = serde_json::from_str(&problem(
+                    402,
+                    "payment_declined",
+                    "Payment declined",
+                    "the channel declined the payment",
+                ))
+                .unwrap_or_default();
+                body["decline_code"] = json!(code);
+                let failure = Failure::new("payment_declined", "the channel declined the payment")
+                    .with_details(json!({ "status": 402, "body": body.to_string(), "decline_code": code }));
+                return Err(Interrupt::Failed(failure));
+            }
+            ChargeOutcome::Refused { status, body } => {
+                let detail = format!("the channel refused the charge ({status}): {body}");
+                let f = failure_with_response(422, "channel_refused", "Refused by the channel", &detail);
+                return Err(Interrupt::Failed(f));
+            }
+        };
+
+        // Phase 2, one commit with the channel's outcome: paid, succeeded, the token's response stored.
+        let body = i.payment_body(payment_status::SUCCEEDED, Some(&charge_id));
+        let (tenant, order_no, request_no, token) =
+            (i.tenant.clone(), i.order_no.clone(), i.request_no.clone(), i.token.clone());
+        ctx.transactional("confirm", move |c| -> BoxFuture<'_, _> {
+            Box::pin(async move {
+                if !S::move_order(&mut *c, tenant.clone(), order_no, order_status::PAYING, order_status::PAID, now)
+                    .await?
+                {
+                    return Err(StepError::Terminal(Failure::new("order_not_paying", "the order left paying")));
+                }
+                S::set_payment_status(
+                    &mut *c,
+                    tenant,
+                    request_no,
+                    payment_status::SUCCEEDED,
+                    Some(charge_id),
+                    None,
+                    now,
+                )
+                .await?;
+                S::complete_token(&mut *c, token, 201, body.clone(), now).await?;
+                Ok(StoredResponse { status: 201, body })
+            })
+        })
+        .await
+    }
+
+    async fn compensate(
+        &self,
+        ctx: &mut WorkflowContext<S>,
+        compensation: &Compensation,
+        failure: &Failure,
+    ) -> Result<(), Interrupt> {
+        let i: PaymentInput = serde_json::from_value(compensation.input.clone())
+            .map_err(|e| Interrupt::Failed(Failure::new("invalid_compensation", e.to_string())))?;
+        let now = ctx.now_ms();
+        match compensation.name.as_str() {
+            "refund" => {
+                let channel = &self.channel;
+                let refunded =
+                    ctx.external(step("refund").retry(self.channel_retry), |_| refund(channel.as_ref(), &i)).await?;
+                if refunded {
+                    tracing::info!(request_no = %i.request_no, "charge refunded");
+                }
+                Ok(())
+            }
+            "release_order" => {
+                let (tenant, order_no) = (i.tenant.clone(), i.order_no.clone());
+                ctx.transactional("release_order", move |c| -> BoxFuture<'_, _> {
+                    Box::pin(async move {
+                        S::move_order(c, tenant, order_no, order_status::PAYING, order_status::PENDING, now).await?;
+                        Ok(())
+                    })
+                })
+                .await
+            }
+            "fail_record" => {
+                let declined = failure.code == "payment_declined";
+                let status = if declined { payment_status::DECLINED } else { payment_status::FAILED };
+                let code = failure.details.get("decline_code").and_then(|c| c.as_str()).map(str::to_owned);
+                let (tenant, request_no) = (i.tenant.clone(), i.request_no.clone());
+                ctx.transactional("fail_record", move |c| -> BoxFuture<'_, _> {
+                    Box::pin(async move {
+                        S::set_payment_status(c, tenant, request_no, status, None, code, now).await?;
+                        Ok(())
+                    })
+                })
+                .await
+            }
+            "store_response" => {
+                let response = response_of(failure).unwrap_or_else(|| StoredResponse {
+                    status: 502,
+                    body: problem(502, "payment_failed", "Payment failed", "the payment could not be completed"),
+                });
+                let token = i.token.clone();
+                ctx.transactional("store_response", move |c| -> BoxFuture<'_, _> {
+                    Box::pin(async move {
+                        S::complete_token(c, token, i32::from(response.status), response.body, now).await?;
+                        Ok(())
+                    })
+                })
+                .await
+            }
+            other => Err(Interrupt::Failed(Failure::new("unknown_compensation", other.to_owned()))),
+        }
+    }
+}
+
+/// A rejection decided before the channel: stored on the token (and on the record when it is ours), replayed.
+async fn reject<S: PaymentStore>(
+    ctx: &mut WorkflowContext<S>,
+    i: &PaymentInput,
+    record_is_ours: bool,
+    status: u16,
+    code: &str,
+    title: &str,
+    detail: &str,
+) -> Result<StoredResponse, Interrupt> {
+    let now = ctx.now_ms();
+    let response = StoredResponse { status, body: problem(status, code, title, detail) };
+    let (tenant, request_no, token) = (i.tenant.clone(), i.request_no.clone(), i.token.clone());
+    let stored = response.clone();
+    ctx.transactional("reject", move |c| -> BoxFuture<'_, _> {
+        Box::pin(async move {
+            if record_is_ours {
+                S::set_payment_status(&mut *c, tenant, request_no, payment_status::FAILED, None, None, now).await?;
+            }
+            S::complete_token(&mut *c, token, i32::from(stored.status), stored.body, now).await?;
+            Ok(())
+        })
+    })
+    .await?;
+    Ok(response)
+}
+
+fn settle(charge: Charge) -> Result<ChargeOutcome, StepError> {
+    match charge.status {
+        ChargeStatus::Succeeded => Ok(ChargeOutcome::Charged { charge_id: charge.charge_id }),
+        ChargeStatus::Declined => Ok(ChargeOutcome::Declined { decline_code: charge.decline_code }),
+        ChargeStatus::Processing => Err(StepError::UnknownOutcome("the charge is processing".into())),
+    }
+}
+
+/// One attempt of the channel call. After an attempt that may have charged, the charge is looked up by the
+/// same number first; the channel also deduplicates a repeated charge request.
+async fn charge(channel: &dyn Channel, request: &ChargeRequest, attempt: Attempt) -> Result<ChargeOutcome, StepError> {
+    if attempt.previous != Previous::None {
+        match channel.query(&request.merchant_request_no).await {
+            Ok(Some(found)) => return settle(found),
+            Ok(None) => {}
+            Err(e) => return Err(StepError::UnknownOutcome(e.to_string())),
+        }
+    }
+    match channel.charge(request).await {
+        Ok(charge) => settle(charge),
+        Err(ChannelError::Refused { status, body }) => Ok(ChargeOutcome::Refused { status, body }),
+        Err(e) => Err(StepError::UnknownOutcome(e.to_string())),
+    }
+}
+
+/// Refunds the charge if it succeeded; `false` when there was nothing to refund.
+async fn refund(channel: &dyn Channel, i: &PaymentInput) -> Result<bool, StepError> {
+    let found = channel.query(&i.request_no).await.map_err(|e| StepError::UnknownOutcome(e.to_string()))?;
+    match found.map(|c| c.status) {
+        None | Some(ChargeStatus::Declined) => return Ok(false),
+        Some(ChargeStatus::Processing) => {
+            return Err(StepError::UnknownOutcome("the charge is processing".into()));
+        }
+        Some(ChargeStatus::Succeeded) => {}
+    }
+    let request = RefundRequest {
+        merchant_refund_no: i.refund_no(),
+        merchant_request_no: i.request_no.clone(),
+        amount: i.amount,
+    };
+    match channel.refund(&request).await {
+        Ok(r) if r.status == RefundStatus::Succeeded => Ok(true),
+        Ok(r) if r.status == RefundStatus::Processing => Err(StepError::UnknownOutcome("refund processing".into())),
+        Ok(_) => Err(StepError::terminal("refund_failed", "the channel refused the refund")),
+        Err(ChannelError::Refused { body, .. }) => Err(StepError::terminal("refund_refused", body)),
+        Err(e) => Err(StepError::UnknownOutcome(e.to_string())),
+    }
+}

@@ -1,0 +1,253 @@
+//! The payment service: orders, tokens, paying with three layers against duplicates, and reading payments.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use onceflow_engine::{Engine, EngineConfig, Outcome};
+use serde_json::json;
+
+use crate::channel::Channel;
+use crate::error::{Error, Result};
+use crate::model::{
+    Order, PayRequest, PaymentRecord, StoredResponse, TokenRecord, hex_sha256, order_status, problem, token_state,
+};
+use crate::saga::{PaymentInput, PaymentSaga, response_of};
+use crate::store::PaymentStore;
+
+/// How long an unused token lives.
+pub const TOKEN_TTL_MS: i64 = 24 * 60 * 60 * 1000;
+
+/// A newly issued idempotency token.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct IssuedToken {
+    /// The token: 256 random bits, hex.
+    pub token: String,
+    /// When it expires if unused (ms since the epoch).
+    pub expires_at: i64,
+}
+
+/// The answer to a payment request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PayResponse {
+    /// HTTP status.
+    pub status: u16,
+    /// JSON body, byte for byte as first sent when replayed.
+    pub body: String,
+    /// Whether this repeats a response given before (`Idempotent-Replayed: true`).
+    pub replayed: bool,
+    /// `Location` of the payment, on `202`.
+    pub location: Option<String>,
+}
+
+impl PayResponse {
+    fn fresh(r: StoredResponse) -> Self {
+        Self { status: r.status, body: r.body, replayed: false, location: None }
+    }
+
+    fn problem(status: u16, code: &str, title: &str, detail: &str) -> Self {
+        Self { status, body: problem(status, code, title, detail), replayed: false, location: None }
+    }
+}
+
+/// The payment service over a store and a channel. Cheap to clone.
+pub struct Payments<S: PaymentStore> {
+    engine: Engine<S>,
+}
+
+impl<S: PaymentStore> Clone for Payments<S> {
+    fn clone(&self) -> Self {
+        Self { engine: self.engine.clone() }
+    }
+}
+
+impl<S: PaymentStore> Payments<S> {
+    /// The service, with its engine (the payment saga registered). Start the engine's background loop with
+    /// `payments.engine().spawn_background()`.
+    pub fn new(store: S, channel: Arc<dyn Channel>, config: EngineConfig) -> Self {
+        let engine = Engine::builder(store).register(PaymentSaga::new(channel)).config(config).build();
+        Self { engine }
+    }
+
+    /// The engine running the payment workflows.
+    pub fn engine(&self) -> &Engine<S> {
+        &self.engine
+    }
+
+    fn store(&self) -> &S {
+        self.engine.store()
+    }
+
+    fn now(&self) -> i64 {
+        onceflow_engine::Clock::now_ms(&onceflow_engine::SystemClock)
+    }
+
+    /// Creates an order; the same `order_no` with the same fields returns the existing one (`created` false),
+    /// with other fields it is [`Error::OrderConflict`].
+    pub async fn create_order(
+        &self,
+        tenant: &str,
+        order_no: &str,
+        amount: i64,
+        currency: &str,
+    ) -> Result<(Order, bool)> {
+        crate::model::validate_key("order_no", order_no).map_err(Error::Invalid)?;
+        if amount <= 0 {
+            return Err(Error::Invalid("amount must be a positive integer in minor units".into()));
+        }
+        crate::model::validate_currency(currency).map_err(Error::Invalid)?;
+        let now = self.now();
+        let order = Order {
+            tenant: tenant.to_owned(),
+            order_no: order_no.to_owned(),
+            amount,
+            currency: currency.to_owned(),
+            status: order_status::PENDING.to_owned(),
+            version: 0,
+            created_at: now,
+            updated_at: now,
+        };
+        let created = self.store().insert_order(&order).await?;
+        let existing =
+            self.store().order(tenant, order_no).await?.ok_or_else(|| Error::Unavailable("order vanished".into()))?;
+        if !created && (existing.amount != amount || existing.currency != currency) {
+            return Err(Error::OrderConflict(order_no.to_owned()));
+        }
+        Ok((existing, created))
+    }
+
+    /// One order of the tenant.
+    pub async fn order(&self, tenant: &str, order_no: &str) -> Result<Option<Order>> {
+        Ok(self.store().order(tenant, order_no).await?)
+    }
+
+    /// One payment of the tenant.
+    pub async fn payment(&self, tenant: &str, request_no: &str) -> Result<Option<PaymentRecord>> {
+        Ok(self.store().payment(tenant, request_no).await?)
+    }
+
+    /// Issues an idempotency token for the tenant.
+    pub async fn issue_token(&self, tenant: &str) -> Result<IssuedToken> {
+        let random = format!("{}{}", uuid::Uuid::new_v4().simple(), uuid::Uuid::new_v4().simple());
+        // Two v4 UUIDs carry 244 random bits; hashing keeps the token's form uniform.
+        let token = format!("tok_{}", hex_sha256(random.as_bytes()));
+        let now = self.now();
+        let record = TokenRecord {
+            token: token.clone(),
+            tenant: tenant.to_owned(),
+            state: token_state::ISSUED.to_owned(),
+            fingerprint: None,
+            route: None,
+            response_status: None,
+            response_body: None,
+            created_at: now,
+            expires_at: now + TOKEN_TTL_MS,
+            updated_at: now,
+        };
+        self.store().insert_token(&record).await?;
+        Ok(IssuedToken { token, expires_at: record.expires_at })
+    }
+
+    /// Pays an order under an idempotency token used on `route`. Waits up to `wait` for the final answer, then
+    /// answers `202`. Concurrent and later repeats get the first final response; another request under the
+    /// same token gets `422`.
+    pub async fn pay(
+        &self,
+        tenant: &str,
+        token: &str,
+        route: &str,
+        request: &PayRequest,
+        wait: Duration,
+    ) -> Result<PayResponse> {
+        if let Err(message) = request.validate() {
+            return Ok(PayResponse::problem(400, "invalid_request", "Invalid request", &message));
+        }
+        let fingerprint = request.fingerprint();
+        let not_found =
+            || PayResponse::problem(404, "token_not_found", "Token not found", "the token is unknown or expired");
+        let mismatch = || {
+            PayResponse::problem(
+                422,
+                "idempotency_key_mismatch",
+                "Idempotency key reused",
+                "this token was used for a different request",
+            )
+        };
+        let Some(stored) = self.store().token(token).await? else {
+            return Ok(not_found());
+        };
+        if stored.tenant != tenant {
+            return Ok(not_found());
+        }
+        let bound =
+            |f: &Option<String>, r: &Option<String>| f.as_deref() == Some(&fingerprint) && r.as_deref() == Some(route);
+        match stored.state.as_str() {
+            token_state::COMPLETED => {
+                if !bound(&stored.fingerprint, &stored.route) {
+                    return Ok(mismatch());
+                }
+                return Ok(PayResponse {
+                    status: u16::try_from(stored.response_status.unwrap_or(500)).unwrap_or(500),
+                    body: stored.response_body.unwrap_or_default(),
+                    replayed: true,
+                    location: None,
+                });
+            }
+            token_state::IN_USE if !bound(&stored.fingerprint, &stored.route) => {
+                return Ok(mismatch());
+            }
+            token_state::ISSUED if stored.expires_at <= self.now() => return Ok(not_found()),
+            _ => {}
+        }
+        // The order must exist before anything is bound to the token: an unknown order is not stored.
+        if self.store().order(tenant, &request.order_no).await?.is_none() {
+            let detail = format!("order {} does not exist", request.order_no);
+            return Ok(PayResponse::problem(404, "order_not_found", "Order not found", &detail));
+        }
+        let request_no =
+            request.request_no.clone().unwrap_or_else(|| format!("R-{}", &hex_sha256(token.as_bytes())[..24]));
+        let input = PaymentInput {
+            tenant: tenant.to_owned(),
+            token: token.to_owned(),
+            route: route.to_owned(),
+            fingerprint,
+            order_no: request.order_no.clone(),
+            amount: request.amount,
+            currency: request.currency.clone(),
+            request_no: request_no.clone(),
+        };
+        let handle = match self.engine.start::<PaymentSaga>(&format!("pay:{token}"), &input).await {
+            Ok(handle) => handle,
+            Err(onceflow_engine::Error::Conflict { .. }) => return Ok(mismatch()),
+            Err(e) => return Err(e.into()),
+        };
+        let replayed = handle.attached() || stored.state != token_state::ISSUED;
+        let outcome = handle.wait(wait).await?;
+        Ok(match outcome {
+            Some(Outcome::Completed(value)) => {
+                let response: StoredResponse =
+                    serde_json::from_value(value).map_err(|e| Error::Unavailable(e.to_string()))?;
+                PayResponse { replayed, ..PayResponse::fresh(response) }
+            }
+            Some(Outcome::Failed(f) | Outcome::CompensationFailed(f) | Outcome::Cancelled(f)) => {
+                let response = response_of(&f).unwrap_or_else(|| StoredResponse {
+                    status: 502,
+                    body: problem(502, "payment_failed", "Payment failed", "the payment could not be completed"),
+                });
+                PayResponse { replayed, ..PayResponse::fresh(response) }
+            }
+            None => PayResponse {
+                status: 202,
+                body: json!({
+                    "request_no": request_no,
+                    "order_no": request.order_no,
+                    "amount": request.amount,
+                    "currency": request.currency,
+                    "status": "processing",
+                })
+                .to_string(),
+                replayed: false,
+                location: Some(format!("/v1/payments/{request_no}")),
+            },
+        })
+    }
+}

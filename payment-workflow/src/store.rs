@@ -1,0 +1,330 @@
+//! The payment tables' queries. The SQL is the same on every backend (`$n` parameters); the trait is
+//! implemented once per store by `impl_payment_store!`, so each runs on its concrete connection type.
+
+use std::future::Future;
+
+use onceflow_engine::{BoxFuture, Conn, PgStore, SqliteStore, StepError, Store};
+
+use crate::model::{Order, PaymentRecord, TokenRecord};
+
+/// How reserving an order for payment went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum Reserve {
+    /// `pending → paying`, version + 1.
+    Reserved,
+    /// No such order for this tenant.
+    NotFound,
+    /// Amount or currency differ from the order's.
+    Mismatch,
+    /// Paid, or another attempt is in flight.
+    NotPayable,
+}
+
+type Sql<'c, T> = BoxFuture<'c, Result<T, StepError>>;
+
+/// A [`Store`] that also keeps orders, tokens and payment records. Functions taking a connection run inside a
+/// step's transaction.
+pub trait PaymentStore: Store {
+    /// Token `issued → in_use`, bound to `fingerprint` and `route`, if it is the tenant's, unused and unexpired.
+    fn claim_token<'c>(
+        conn: &'c mut Conn<Self>,
+        token: String,
+        tenant: String,
+        fingerprint: String,
+        route: String,
+        now: i64,
+    ) -> Sql<'c, bool>;
+    /// Inserts the payment record; `false` when its `request_no` exists.
+    fn insert_payment<'c>(conn: &'c mut Conn<Self>, payment: PaymentRecord) -> Sql<'c, bool>;
+    /// Order `pending → paying` if amount and currency match.
+    fn reserve_order<'c>(
+        conn: &'c mut Conn<Self>,
+        tenant: String,
+        order_no: String,
+        amount: i64,
+        currency: String,
+        now: i64,
+    ) -> Sql<'c, Reserve>;
+    /// Order `from → to`, version + 1; whether it was in `from`.
+    fn move_order<'c>(
+        conn: &'c mut Conn<Self>,
+        tenant: String,
+        order_no: String,
+        from: &'static str,
+        to: &'static str,
+        now: i64,
+    ) -> Sql<'c, bool>;
+    /// Sets a payment record's status (and charge id or decline code).
+    fn set_payment_status<'c>(
+        conn: &'c mut Conn<Self>,
+        tenant: String,
+        request_no: String,
+        status: &'static str,
+        charge_id: Option<String>,
+        decline_code: Option<String>,
+        now: i64,
+    ) -> Sql<'c, ()>;
+    /// Token `→ completed` with its final response.
+    fn complete_token<'c>(
+        conn: &'c mut Conn<Self>,
+        token: String,
+        response_status: i32,
+        body: String,
+        now: i64,
+    ) -> Sql<'c, ()>;
+
+    /// Inserts an order; `false` when the tenant has one with this `order_no`.
+    fn insert_order(&self, order: &Order) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
+    /// One order.
+    fn order(&self, tenant: &str, order_no: &str) -> impl Future<Output = Result<Option<Order>, sqlx::Error>> + Send;
+    /// Stores a newly issued token.
+    fn insert_token(&self, token: &TokenRecord) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
+    /// One token.
+    fn token(&self, token: &str) -> impl Future<Output = Result<Option<TokenRecord>, sqlx::Error>> + Send;
+    /// One payment record.
+    fn payment(
+        &self,
+        tenant: &str,
+        request_no: &str,
+    ) -> impl Future<Output = Result<Option<PaymentRecord>, sqlx::Error>> + Send;
+    /// Every order (for the invariant checker).
+    fn all_orders(&self) -> impl Future<Output = Result<Vec<Order>, sqlx::Error>> + Send;
+    /// Every payment record (for the invariant checker).
+    fn all_payments(&self) -> impl Future<Output = Result<Vec<PaymentRecord>, sqlx::Error>> + Send;
+}
+
+macro_rules! impl_payment_store {
+    ($store:ty) => {
+        impl PaymentStore for $store {
+            fn claim_token<'c>(
+                conn: &'c mut Conn<Self>,
+                token: String,
+                tenant: String,
+                fingerprint: String,
+                route: String,
+                now: i64,
+            ) -> Sql<'c, bool> {
+                Box::pin(async move {
+                    let done = sqlx::query(
+                        "UPDATE idempotency_tokens SET state = 'in_use', fingerprint = $3, route = $4, updated_at = $5 \
+                         WHERE token = $1 AND tenant = $2 AND state = 'issued' AND expires_at > $5",
+                    )
+                    .bind(token)
+                    .bind(tenant)
+                    .bind(fingerprint)
+                    .bind(route)
+                    .bind(now)
+                    .execute(conn)
+                    .await?;
+                    Ok(done.rows_affected() == 1)
+                })
+            }
+
+            fn insert_payment<'c>(conn: &'c mut Conn<Self>, p: PaymentRecord) -> Sql<'c, bool> {
+                Box::pin(async move {
+                    let done = sqlx::query(
+                        "INSERT INTO payments (tenant, request_no, order_no, amount, currency, status, token, \
+                         charge_id, decline_code, created_at, updated_at) \
+                         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) ON CONFLICT (tenant, request_no) DO NOTHING",
+                    )
+                    .bind(p.tenant)
+                    .bind(p.request_no)
+                    .bind(p.order_no)
+                    .bind(p.amount)
+                    .bind(p.currency)
+                    .bind(p.status)
+                    .bind(p.token)
+                    .bind(p.charge_id)
+                    .bind(p.decline_code)
+                    .bind(p.created_at)
+                    .bind(p.updated_at)
+                    .execute(conn)
+                    .await?;
+                    Ok(done.rows_affected() == 1)
+                })
+            }
+
+            fn reserve_order<'c>(
+                conn: &'c mut Conn<Self>,
+                tenant: String,
+                order_no: String,
+                amount: i64,
+                currency: String,
+                now: i64,
+            ) -> Sql<'c, Reserve> {
+                Box::pin(async move {
+                    let done = sqlx::query(
+                        "UPDATE orders SET status = 'paying', version = version + 1, updated_at = $5 \
+                         WHERE tenant = $1 AND order_no = $2 AND status = 'pending' AND amount = $3 AND currency = $4",
+                    )
+                    .bind(&tenant)
+                    .bind(&order_no)
+                    .bind(amount)
+                    .bind(&currency)
+                    .bind(now)
+                    .execute(&mut *conn)
+                    .await?;
+                    if done.rows_affected() == 1 {
+                        return Ok(Reserve::Reserved);
+                    }
+                    let found: Option<(i64, String)> =
+                        sqlx::query_as("SELECT amount, currency FROM orders WHERE tenant = $1 AND order_no = $2")
+                            .bind(&tenant)
+                            .bind(&order_no)
+                            .fetch_optional(&mut *conn)
+                            .await?;
+                    Ok(match found {
+                        None => Reserve::NotFound,
+                        Some((a, c)) if a != amount || c != currency => Reserve::Mismatch,
+                        Some(_) => Reserve::NotPayable,
+                    })
+                })
+            }
+
+            fn move_order<'c>(
+                conn: &'c mut Conn<Self>,
+                tenant: String,
+                order_no: String,
+                from: &'static str,
+                to: &'static str,
+                now: i64,
+            ) -> Sql<'c, bool> {
+                Box::pin(async move {
+                    let done = sqlx::query(
+                        "UPDATE orders SET status = $4, version = version + 1, updated_at = $5 \
+                         WHERE tenant = $1 AND order_no = $2 AND status = $3",
+                    )
+                    .bind(tenant)
+                    .bind(order_no)
+                    .bind(from)
+                    .bind(to)
+                    .bind(now)
+                    .execute(conn)
+                    .await?;
+                    Ok(done.rows_affected() == 1)
+                })
+            }
+
+            fn set_payment_status<'c>(
+                conn: &'c mut Conn<Self>,
+                tenant: String,
+                request_no: String,
+                status: &'static str,
+                charge_id: Option<String>,
+                decline_code: Option<String>,
+                now: i64,
+            ) -> Sql<'c, ()> {
+                Box::pin(async move {
+                    sqlx::query(
+                        "UPDATE payments SET status = $3, charge_id = COALESCE($4, charge_id), \
+                         decline_code = COALESCE($5, decline_code), updated_at = $6 \
+                         WHERE tenant = $1 AND request_no = $2",
+                    )
+                    .bind(tenant)
+                    .bind(request_no)
+                    .bind(status)
+                    .bind(charge_id)
+                    .bind(decline_code)
+                    .bind(now)
+                    .execute(conn)
+                    .await?;
+                    Ok(())
+                })
+            }
+
+            fn complete_token<'c>(
+                conn: &'c mut Conn<Self>,
+                token: String,
+                response_status: i32,
+                body: String,
+                now: i64,
+            ) -> Sql<'c, ()> {
+                Box::pin(async move {
+                    sqlx::query(
+                        "UPDATE idempotency_tokens SET state = 'completed', response_status = $2, response_body = $3, \
+                         updated_at = $4 WHERE token = $1",
+                    )
+                    .bind(token)
+                    .bind(response_status)
+                    .bind(body)
+                    .bind(now)
+                    .execute(conn)
+                    .await?;
+                    Ok(())
+                })
+            }
+
+            async fn insert_order(&self, o: &Order) -> Result<bool, sqlx::Error> {
+                let done = sqlx::query(
+                    "INSERT INTO orders (tenant, order_no, amount, currency, status, version, created_at, updated_at) \
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (tenant, order_no) DO NOTHING",
+                )
+                .bind(&o.tenant)
+                .bind(&o.order_no)
+                .bind(o.amount)
+                .bind(&o.currency)
+                .bind(&o.status)
+                .bind(o.version)
+                .bind(o.created_at)
+                .bind(o.updated_at)
+                .execute(self.pool())
+                .await?;
+                Ok(done.rows_affected() == 1)
+            }
+
+            async fn order(&self, tenant: &str, order_no: &str) -> Result<Option<Order>, sqlx::Error> {
+                sqlx::query_as("SELECT * FROM orders WHERE tenant = $1 AND order_no = $2")
+                    .bind(tenant)
+                    .bind(order_no)
+                    .fetch_optional(self.pool())
+                    .await
+            }
+
+            async fn insert_token(&self, t: &TokenRecord) -> Result<(), sqlx::Error> {
+                sqlx::query(
+                    "INSERT INTO idempotency_tokens (token, tenant, state, fingerprint, route, response_status, \
+                     response_body, created_at, expires_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+                )
+                .bind(&t.token)
+                .bind(&t.tenant)
+                .bind(&t.state)
+                .bind(&t.fingerprint)
+                .bind(&t.route)
+                .bind(t.response_status)
+                .bind(&t.response_body)
+                .bind(t.created_at)
+                .bind(t.expires_at)
+                .bind(t.updated_at)
+                .execute(self.pool())
+                .await?;
+                Ok(())
+            }
+
+            async fn token(&self, token: &str) -> Result<Option<TokenRecord>, sqlx::Error> {
+                sqlx::query_as("SELECT * FROM idempotency_tokens WHERE token = $1")
+                    .bind(token)
+                    .fetch_optional(self.pool())
+                    .await
+            }
+
+            async fn payment(&self, tenant: &str, request_no: &str) -> Result<Option<PaymentRecord>, sqlx::Error> {
+                sqlx::query_as("SELECT * FROM payments WHERE tenant = $1 AND request_no = $2")
+                    .bind(tenant)
+                    .bind(request_no)
+                    .fetch_optional(self.pool())
+                    .await
+            }
+
+            async fn all_orders(&self) -> Result<Vec<Order>, sqlx::Error> {
+                sqlx::query_as("SELECT * FROM orders ORDER BY tenant, order_no").fetch_all(self.pool()).await
+            }
+
+            async fn all_payments(&self) -> Result<Vec<PaymentRecord>, sqlx::Error> {
+                sqlx::query_as("SELECT * FROM payments ORDER BY tenant, request_no").fetch_all(self.pool()).await
+            }
+        }
+    };
+}
+
+impl_payment_store!(PgStore);
+impl_payment_store!(SqliteStore);
