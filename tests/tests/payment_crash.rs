@@ -1,0 +1,90 @@
+//! The payment crash matrix with real processes: a payment process is killed with SIGKILL after the first
+//! commit (claim, record, reservation and the channel intent) while the channel call is in flight, and after
+//! the channel charged but before `confirm`; a fresh process resumes the same request. The channel, in this
+//! test process, must end with exactly one charge, and the invariant checker must pass.
+
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use onceflow_engine::{EngineConfig, PgStore, SqliteStore};
+use onceflow_payments::{
+    MockChannel, MockChannelConfig, PaymentStore, Payments, check_invariants, mock_channel_router, order_status,
+};
+
+const WORKER: &str = env!("CARGO_BIN_EXE_pay-worker");
+
+async fn serve(channel: MockChannel) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(axum::serve(listener, mock_channel_router(channel)).into_future());
+    base
+}
+
+async fn wait_for(what: &str, mut done: impl AsyncFnMut() -> bool) {
+    let started = Instant::now();
+    while !done().await {
+        assert!(started.elapsed() < Duration::from_secs(30), "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn crash_matrix<S: PaymentStore>(store: S, url: &str) {
+    let ledger = MockChannel::reliable();
+    let setup = Payments::new(store.clone(), Arc::new(ledger.clone()), EngineConfig::default());
+    let reliable = serve(ledger.clone()).await;
+    let cases = [
+        ("in-flight", MockChannelConfig { latency_ms: 10_000, ..Default::default() }),
+        ("charged-unconfirmed", MockChannelConfig { slow_rate: 1.0, slow_ms: 10_000, ..Default::default() }),
+    ];
+    for (name, faults) in cases {
+        let order_no = format!("crash-{name}");
+        setup.create_order("default", &order_no, 1000, "CNY").await.unwrap();
+        let token = setup.issue_token("default").await.unwrap().token;
+        let faulty = serve(ledger.with_config(faults)).await;
+        let mut child = Command::new(WORKER)
+            .args([url, &faulty, &token, &order_no, "1000"])
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("start the worker");
+        if name == "in-flight" {
+            // The first commit is in: the order is reserved and the channel call has started.
+            wait_for("the reservation", async || {
+                setup.order("default", &order_no).await.unwrap().unwrap().status == order_status::PAYING
+            })
+            .await;
+        } else {
+            wait_for("the charge", async || ledger.ledger().charges.iter().any(|c| c.order_no == order_no)).await;
+        }
+        child.kill().expect("SIGKILL");
+        child.wait().unwrap();
+        assert_eq!(setup.order("default", &order_no).await.unwrap().unwrap().status, order_status::PAYING);
+        let out = Command::new(WORKER).args([url, &reliable, &token, &order_no, "1000"]).output().unwrap();
+        let printed = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{name}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(printed.starts_with("status 201"), "{name}: {printed}");
+        assert_eq!(ledger.ledger().kept_charges(&order_no), 1, "{name}: exactly one charge");
+        assert_eq!(setup.order("default", &order_no).await.unwrap().unwrap().status, order_status::PAID);
+    }
+    let violations = check_invariants(&store, &ledger.ledger()).await.unwrap();
+    assert!(violations.is_empty(), "{violations:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn payments_survive_sigkill_on_sqlite() {
+    let path = std::env::temp_dir().join(format!("onceflow-paycrash-{}.db", uuid::Uuid::new_v4()));
+    let url = format!("sqlite://{}", path.display());
+    let store = SqliteStore::connect(&url).await.unwrap();
+    onceflow_engine::Store::migrate(&store).await.unwrap();
+    crash_matrix(store, &url).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn payments_survive_sigkill_on_postgres() {
+    let Some(url) = onceflow_tests::pg_url().await.unwrap() else {
+        eprintln!("skipped: DATABASE_URL is not set");
+        return;
+    };
+    let store = PgStore::connect(&url, 4).await.unwrap();
+    crash_matrix(store, &url).await;
+}
