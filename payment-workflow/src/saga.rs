@@ -327,9 +327,32 @@ fn settle(charge: Charge) -> Result<ChargeOutcome, StepError> {
     }
 }
 
+/// Counts a channel call by what came of it, for `/metrics`.
+fn count_call(outcome: &Result<ChargeOutcome, StepError>) {
+    let label = match outcome {
+        Ok(ChargeOutcome::Charged { .. }) => "succeeded",
+        Ok(ChargeOutcome::Declined { .. }) => "declined",
+        Ok(ChargeOutcome::Refused { .. }) => "refused",
+        Err(StepError::UnknownOutcome(m)) if m.contains("processing") => "processing",
+        Err(_) => "unknown",
+    };
+    metrics::counter!("onceflow_channel_calls_total", "outcome" => label).increment(1);
+}
+
+/// One attempt of the channel call, counted.
+async fn charge(channel: &dyn Channel, request: &ChargeRequest, attempt: Attempt) -> Result<ChargeOutcome, StepError> {
+    let outcome = charge_attempt(channel, request, attempt).await;
+    count_call(&outcome);
+    outcome
+}
+
 /// One attempt of the channel call. After an attempt that may have charged, the charge is looked up by the
 /// same number first; the channel also deduplicates a repeated charge request.
-async fn charge(channel: &dyn Channel, request: &ChargeRequest, attempt: Attempt) -> Result<ChargeOutcome, StepError> {
+async fn charge_attempt(
+    channel: &dyn Channel,
+    request: &ChargeRequest,
+    attempt: Attempt,
+) -> Result<ChargeOutcome, StepError> {
     if attempt.previous != Previous::None {
         match channel.query(&request.merchant_request_no).await {
             Ok(Some(found)) => return settle(found),

@@ -1,0 +1,194 @@
+//! The command line and its configuration: one typed struct per command, every flag also read from
+//! `ONCEFLOW_<FLAG>`.
+
+use std::net::SocketAddr;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+/// `onceflow`: durable saga engine and payment service.
+#[derive(Debug, Parser)]
+#[command(name = "onceflow", version, about = "Durable saga engine and payment service that never charges twice")]
+pub struct Cli {
+    /// Log format on stderr (`RUST_LOG` filters).
+    #[arg(long, env = "ONCEFLOW_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true)]
+    pub log_format: LogFormat,
+    /// What to run.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Log formats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// For people.
+    Text,
+    /// One JSON object per line, for machines.
+    Json,
+}
+
+/// The commands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Migrate, then serve the HTTP API and run the recovery loop in the same process.
+    Serve(ServeArgs),
+    /// Run only the recovery loop (more workers = more processes against one Postgres).
+    Worker(ServeArgs),
+    /// Apply the migrations and exit.
+    Migrate(DatabaseArgs),
+    /// Serve the mock payment channel.
+    MockChannel(MockChannelArgs),
+    /// Inspect and steer workflows.
+    #[command(subcommand)]
+    Workflows(WorkflowsCommand),
+}
+
+/// Where the database is.
+#[derive(Debug, Clone, Args)]
+pub struct DatabaseArgs {
+    /// `postgres://…` or `sqlite://…` (created if missing).
+    #[arg(long, env = "ONCEFLOW_DATABASE_URL", default_value = "sqlite://onceflow.db")]
+    pub database_url: String,
+}
+
+/// `serve` and `worker`.
+#[derive(Debug, Clone, Args)]
+pub struct ServeArgs {
+    /// The database.
+    #[command(flatten)]
+    pub database: DatabaseArgs,
+    /// HTTP address to listen on.
+    #[arg(long, env = "ONCEFLOW_LISTEN", default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+    /// Base URL of a channel speaking contracts/channel.md; none: an in-process mock channel.
+    #[arg(long, env = "ONCEFLOW_CHANNEL_URL")]
+    pub channel_url: Option<String>,
+    /// Per-request timeout to the channel.
+    #[arg(long, env = "ONCEFLOW_CHANNEL_TIMEOUT_MS", default_value_t = 5000)]
+    pub channel_timeout_ms: u64,
+    /// `tenant:key,tenant:key`; none: single tenant `default`, no auth, loopback only.
+    #[arg(long, env = "ONCEFLOW_API_KEYS")]
+    pub api_keys: Option<String>,
+    /// How long a claimed workflow is owned without a heartbeat.
+    #[arg(long, env = "ONCEFLOW_LEASE_MS", default_value_t = 10_000)]
+    pub lease_ms: u64,
+    /// How long `POST /v1/payments` waits for a final result before `202`.
+    #[arg(long, env = "ONCEFLOW_WAIT_MS", default_value_t = 10_000)]
+    pub wait_ms: u64,
+}
+
+/// `mock-channel`: rates are 0.0–1.0.
+#[derive(Debug, Clone, Args)]
+pub struct MockChannelArgs {
+    /// HTTP address to listen on.
+    #[arg(long, env = "ONCEFLOW_LISTEN", default_value = "127.0.0.1:8081")]
+    pub listen: SocketAddr,
+    /// Delay before every reply.
+    #[arg(long, env = "ONCEFLOW_LATENCY_MS", default_value_t = 0)]
+    pub latency_ms: u64,
+    /// Share of charges declined.
+    #[arg(long, env = "ONCEFLOW_DECLINE_RATE", default_value_t = 0.0)]
+    pub decline_rate: f64,
+    /// Share of charge requests answered 500 before charging.
+    #[arg(long, env = "ONCEFLOW_ERROR_BEFORE_RATE", default_value_t = 0.0)]
+    pub error_before_rate: f64,
+    /// Share of charge requests that charge, then answer 500 (reply lost).
+    #[arg(long, env = "ONCEFLOW_ERROR_AFTER_RATE", default_value_t = 0.0)]
+    pub error_after_rate: f64,
+    /// Share of charge requests answered after the client's timeout.
+    #[arg(long, env = "ONCEFLOW_SLOW_RATE", default_value_t = 0.0)]
+    pub slow_rate: f64,
+    /// How late a slow reply comes.
+    #[arg(long, env = "ONCEFLOW_SLOW_MS", default_value_t = 10_000)]
+    pub slow_ms: u64,
+    /// Share of charges that stay processing for `--settle-ms`.
+    #[arg(long, env = "ONCEFLOW_PROCESSING_RATE", default_value_t = 0.0)]
+    pub processing_rate: f64,
+    /// How long a processing charge takes to settle.
+    #[arg(long, env = "ONCEFLOW_SETTLE_MS", default_value_t = 1_000)]
+    pub settle_ms: u64,
+    /// Seed of the fault dice.
+    #[arg(long, env = "ONCEFLOW_SEED", default_value_t = 1)]
+    pub seed: u64,
+}
+
+/// `workflows …`.
+#[derive(Debug, Subcommand)]
+pub enum WorkflowsCommand {
+    /// The newest workflows, optionally in one state.
+    List {
+        /// The database.
+        #[command(flatten)]
+        database: DatabaseArgs,
+        /// running, compensating, completed, failed, compensation_failed or cancelled.
+        #[arg(long)]
+        state: Option<String>,
+        /// How many.
+        #[arg(long, default_value_t = 20)]
+        limit: i64,
+    },
+    /// One workflow with its steps.
+    Show {
+        /// The database.
+        #[command(flatten)]
+        database: DatabaseArgs,
+        /// The workflow id.
+        workflow_id: String,
+    },
+    /// Retry a workflow that ended failed or compensation_failed.
+    Retry {
+        /// The database.
+        #[command(flatten)]
+        database: DatabaseArgs,
+        /// The workflow id.
+        workflow_id: String,
+    },
+    /// Cancel a running workflow: its compensations run.
+    Cancel {
+        /// The database.
+        #[command(flatten)]
+        database: DatabaseArgs,
+        /// The workflow id.
+        workflow_id: String,
+    },
+}
+
+/// A configuration error: reported in one line, exit code 2.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ConfigError(pub String);
+
+/// Parses `--api-keys` (`tenant:key,tenant:key`) into `(tenant, key)` pairs.
+pub fn parse_api_keys(raw: &str) -> Result<Vec<(String, String)>, ConfigError> {
+    raw.split(',')
+        .filter(|s| !s.trim().is_empty())
+        .map(|pair| {
+            let (tenant, key) = pair
+                .trim()
+                .split_once(':')
+                .ok_or_else(|| ConfigError(format!("--api-keys: `{pair}` is not tenant:key")))?;
+            if tenant.is_empty() || key.len() < 8 {
+                return Err(ConfigError(format!(
+                    "--api-keys: `{tenant}` needs a tenant name and a key of at least 8 characters"
+                )));
+            }
+            Ok((tenant.to_owned(), key.to_owned()))
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .and_then(|keys| {
+            if keys.is_empty() { Err(ConfigError("--api-keys: no tenant:key pair given".into())) } else { Ok(keys) }
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn api_keys_parse_and_reject_bad_lists() {
+        let keys = parse_api_keys("acme:secret-key-1,globex:secret-key-2").unwrap();
+        assert_eq!(keys[1], ("globex".to_owned(), "secret-key-2".to_owned()));
+        assert!(parse_api_keys("acme").is_err());
+        assert!(parse_api_keys("acme:short").is_err());
+        assert!(parse_api_keys(",").is_err());
+    }
+}

@@ -1,0 +1,102 @@
+//! One error type for the HTTP API: an explicit status per case, written as problem+json (RFC 9457). Bodies
+//! of 5xx answers never carry internal text; the cause is logged once, here.
+
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+
+/// An error answered as `application/problem+json` with a stable `code`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiError {
+    /// HTTP status.
+    pub status: StatusCode,
+    /// Stable, machine-readable code.
+    pub code: &'static str,
+    /// Short summary.
+    pub title: &'static str,
+    /// What happened in this case (never internal text on 5xx).
+    pub detail: String,
+}
+
+impl ApiError {
+    /// An error with these parts.
+    pub fn new(status: StatusCode, code: &'static str, title: &'static str, detail: impl Into<String>) -> Self {
+        Self { status, code, title, detail: detail.into() }
+    }
+
+    /// `400 invalid_request`.
+    pub fn invalid(detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "invalid_request", "Invalid request", detail)
+    }
+
+    /// `404` with a code.
+    pub fn not_found(code: &'static str, detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, code, "Not found", detail)
+    }
+
+    /// `503 unavailable`, logging the cause.
+    pub fn unavailable(cause: &dyn std::fmt::Display) -> Self {
+        tracing::error!(error = %cause, "storage unavailable");
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            "Service unavailable",
+            "storage is unavailable; retry later",
+        )
+    }
+
+    /// `500 internal`, logging the cause.
+    pub fn internal(cause: &dyn std::fmt::Display) -> Self {
+        tracing::error!(error = %cause, "internal error");
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", "Internal error", "an internal error occurred")
+    }
+}
+
+/// A JSON body answered with a content type and optional extra headers.
+pub(crate) fn json_response(status: StatusCode, body: String, problem: bool) -> Response {
+    let content_type = if problem { "application/problem+json" } else { "application/json" };
+    let mut response = (status, body).into_response();
+    response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    response
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = onceflow_payments::problem(self.status.as_u16(), self.code, self.title, &self.detail);
+        let mut response = json_response(self.status, body, true);
+        if self.status == StatusCode::SERVICE_UNAVAILABLE {
+            response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        response
+    }
+}
+
+impl From<onceflow_payments::Error> for ApiError {
+    fn from(e: onceflow_payments::Error) -> Self {
+        match e {
+            onceflow_payments::Error::Invalid(detail) => Self::invalid(detail),
+            onceflow_payments::Error::OrderConflict(order_no) => Self::new(
+                StatusCode::CONFLICT,
+                "order_conflict",
+                "Order conflict",
+                format!("order {order_no} exists with other fields"),
+            ),
+            other => Self::unavailable(&other),
+        }
+    }
+}
+
+impl From<onceflow_engine::Error> for ApiError {
+    fn from(e: onceflow_engine::Error) -> Self {
+        match e {
+            onceflow_engine::Error::NotFound(id) => Self::not_found("workflow_not_found", format!("no workflow {id}")),
+            onceflow_engine::Error::InvalidState { state, reason, .. } => Self::new(
+                StatusCode::CONFLICT,
+                "invalid_state",
+                "Invalid state",
+                format!("the workflow is {state}: {reason}"),
+            ),
+            e @ onceflow_engine::Error::Database(_) => Self::unavailable(&e),
+            other => Self::internal(&other),
+        }
+    }
+}

@@ -1,0 +1,26 @@
+//! The Prometheus recorder: installed once per process, rendered by `GET /metrics`.
+
+use std::sync::OnceLock;
+
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
+
+/// Installs the recorder (first call only).
+pub fn install() {
+    HANDLE.get_or_init(|| {
+        PrometheusBuilder::new()
+            .set_buckets_for_metric(
+                Matcher::Suffix("duration_seconds".into()),
+                &[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0],
+            )
+            .ok()
+            .and_then(|b| b.install_recorder().ok())
+    });
+}
+
+/// The metrics in Prometheus text format.
+pub fn render() -> String {
+    install();
+    HANDLE.get().and_then(Option::as_ref).map(PrometheusHandle::render).unwrap_or_default()
+}

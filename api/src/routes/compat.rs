@@ -1,0 +1,121 @@
+//! The original design's routes: `POST /tokens` and `POST /pay`, with the same guarantees underneath.
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use onceflow_payments::PayRequest;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use utoipa::ToSchema;
+
+use crate::error::ApiError;
+use crate::extract::ApiJson;
+use crate::routes::payments::token_of;
+use crate::state::{AppState, Tenant};
+
+/// The original service's token answer.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct LegacyToken {
+    /// The idempotency token.
+    pub token: String,
+}
+
+/// The original service's payment request (the currency is the order's).
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct LegacyPay {
+    /// The idempotency token.
+    pub token: String,
+    /// The order.
+    pub order_no: String,
+    /// The payment's number.
+    #[serde(default)]
+    pub request_no: Option<String>,
+    /// Minor units.
+    pub amount: i64,
+}
+
+/// The original service's success answer.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct LegacyPaid {
+    /// The order.
+    pub order_no: String,
+    /// The payment's number.
+    pub request_no: String,
+    /// `PAID` (or `PROCESSING` when not final yet).
+    pub status: String,
+}
+
+/// The original service's error answer.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct LegacyError {
+    /// What went wrong.
+    pub message: String,
+}
+
+/// Issues a token (original design).
+#[utoipa::path(post, path = "/tokens", tag = "original design",
+    responses((status = 200, description = "Issued", body = LegacyToken)))]
+pub async fn legacy_token(
+    State(state): State<AppState>,
+    Tenant(tenant): Tenant,
+) -> Result<Json<LegacyToken>, ApiError> {
+    Ok(Json(LegacyToken { token: state.backend.issue_token(&tenant).await?.token }))
+}
+
+/// Pays an order (original design): `200 {"order_no", "request_no", "status": "PAID"}`, errors as
+/// `{"message"}` with the same status as `/v1/payments`.
+#[utoipa::path(post, path = "/pay", request_body = LegacyPay, tag = "original design",
+    responses(
+        (status = 200, description = "Paid", body = LegacyPaid),
+        (status = 202, description = "Not final yet", body = LegacyPaid),
+        (status = 400, description = "Invalid request", body = LegacyError),
+        (status = 402, description = "Declined", body = LegacyError),
+        (status = 404, description = "Unknown token or order", body = LegacyError),
+        (status = 409, description = "Conflict: order not payable, request number in use", body = LegacyError),
+        (status = 422, description = "Token reused for another request, or amount mismatch", body = LegacyError),
+    ))]
+pub async fn legacy_pay(
+    State(state): State<AppState>,
+    Tenant(tenant): Tenant,
+    ApiJson(body): ApiJson<LegacyPay>,
+) -> Result<Response, ApiError> {
+    let token = token_of(&HeaderMap::new(), Some(&body.token))?;
+    let Some(order) = state.backend.order(&tenant, &body.order_no).await? else {
+        return Ok(legacy_error(StatusCode::NOT_FOUND, "order not found"));
+    };
+    let request = PayRequest {
+        order_no: body.order_no,
+        amount: body.amount,
+        currency: order.currency,
+        request_no: body.request_no,
+    };
+    let answer = state.backend.pay(&tenant, &token, "/pay", &request, state.wait).await?;
+    let v1: serde_json::Value = serde_json::from_str(&answer.body).unwrap_or_default();
+    let text = |k: &str| v1.get(k).and_then(|v| v.as_str()).unwrap_or_default().to_owned();
+    let response = match answer.status {
+        201 | 202 => {
+            let status = if answer.status == 201 { "PAID" } else { "PROCESSING" };
+            let code = if answer.status == 201 { StatusCode::OK } else { StatusCode::ACCEPTED };
+            let paid = LegacyPaid { order_no: text("order_no"), request_no: text("request_no"), status: status.into() };
+            (code, Json(paid)).into_response()
+        }
+        status => {
+            let code = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+            let message = v1.get("detail").and_then(|d| d.as_str()).unwrap_or("request failed");
+            return Ok(with_replay(legacy_error(code, message), answer.replayed));
+        }
+    };
+    Ok(with_replay(response, answer.replayed))
+}
+
+fn legacy_error(status: StatusCode, message: &str) -> Response {
+    (status, Json(json!({ "message": message }))).into_response()
+}
+
+fn with_replay(mut response: Response, replayed: bool) -> Response {
+    if replayed {
+        response.headers_mut().insert("idempotent-replayed", HeaderValue::from_static("true"));
+    }
+    response
+}

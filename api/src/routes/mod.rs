@@ -1,0 +1,88 @@
+//! The HTTP API's routes, their error shapes for unknown routes and methods, and the layers around them.
+
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, MatchedPath, Request};
+use axum::http::{HeaderName, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::Response;
+use axum::routing::{get, post};
+use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
+use tower_http::trace::TraceLayer;
+
+use crate::error::ApiError;
+use crate::state::AppState;
+
+pub mod compat;
+pub mod ops;
+pub mod orders;
+pub mod payments;
+pub mod tokens;
+
+/// Largest request body accepted.
+pub const BODY_LIMIT: usize = 64 * 1024;
+
+/// The whole HTTP API over `state`.
+pub fn app(state: AppState) -> Router {
+    let request_id = HeaderName::from_static("x-request-id");
+    Router::new()
+        .route("/v1/orders", post(orders::create_order))
+        .route("/v1/orders/{order_no}", get(orders::get_order))
+        .route("/v1/tokens", post(tokens::issue_token))
+        .route("/v1/payments", post(payments::pay))
+        .route("/v1/payments/{request_no}", get(payments::get_payment))
+        .route("/tokens", post(compat::legacy_token))
+        .route("/pay", post(compat::legacy_pay))
+        .route("/v1/workflows", get(ops::list_workflows))
+        .route("/v1/workflows/{workflow_id}", get(ops::get_workflow))
+        .route("/v1/workflows/{workflow_id}/retry", post(ops::retry_workflow))
+        .route("/v1/workflows/{workflow_id}/cancel", post(ops::cancel_workflow))
+        .route("/healthz", get(ops::healthz))
+        .route("/readyz", get(ops::readyz))
+        .route("/metrics", get(ops::metrics))
+        .route("/openapi.json", get(ops::openapi))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        .layer(middleware::from_fn(track))
+        .layer(PropagateRequestIdLayer::new(request_id.clone()))
+        .layer(TraceLayer::new_for_http().make_span_with(|req: &Request| {
+            let id = req.headers().get("x-request-id").and_then(|v| v.to_str().ok()).unwrap_or("-");
+            tracing::info_span!("request", method = %req.method(), path = %req.uri().path(), request_id = %id)
+        }))
+        .layer(SetRequestIdLayer::new(request_id, MakeRequestUuid))
+        .with_state(state)
+}
+
+async fn not_found() -> ApiError {
+    ApiError::not_found("not_found", "no such route")
+}
+
+async fn method_not_allowed() -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        "Method not allowed",
+        "this route does not take that method",
+    )
+}
+
+/// Counts requests by route and status and times them; a body over the limit is answered as a problem.
+async fn track(req: Request, next: Next) -> Response {
+    let route = req.extensions().get::<MatchedPath>().map_or_else(|| "unmatched".to_owned(), |p| p.as_str().to_owned());
+    let method = req.method().to_string();
+    let started = std::time::Instant::now();
+    let mut response = next.run(req).await;
+    if response.status() == StatusCode::PAYLOAD_TOO_LARGE
+        && response.headers().get(axum::http::header::CONTENT_TYPE).is_none_or(|v| v != "application/problem+json")
+    {
+        response = axum::response::IntoResponse::into_response(crate::extract::payload_too_large());
+    }
+    let elapsed: Duration = started.elapsed();
+    let status = response.status().as_u16().to_string();
+    metrics::counter!("onceflow_http_requests_total", "method" => method, "route" => route.clone(), "status" => status)
+        .increment(1);
+    metrics::histogram!("onceflow_http_request_duration_seconds", "route" => route).record(elapsed.as_secs_f64());
+    response
+}

@@ -1,0 +1,176 @@
+//! Operations: workflows, health, readiness, metrics, the OpenAPI document.
+
+use axum::Json;
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use onceflow_engine::{WorkflowRecord, WorkflowView};
+use serde::Deserialize;
+use serde_json::json;
+use utoipa::{IntoParams, OpenApi};
+
+use crate::error::ApiError;
+use crate::state::{AppState, Auth, Tenant};
+
+/// Filters of `GET /v1/workflows`.
+#[derive(Debug, Deserialize, IntoParams)]
+pub struct ListQuery {
+    /// running, compensating, completed, failed, compensation_failed or cancelled.
+    pub state: Option<String>,
+    /// Only workflows created before this time (ms since the epoch): the next page.
+    pub before: Option<i64>,
+    /// Page size (1–1000, default 50).
+    pub limit: Option<i64>,
+}
+
+/// A workflow belongs to the tenant named in its input; with a single tenant every workflow is visible.
+fn visible(state: &AppState, tenant: &str, record: &WorkflowRecord) -> bool {
+    match state.auth {
+        Auth::SingleTenant => true,
+        Auth::Keys(_) => serde_json::from_str::<serde_json::Value>(&record.input)
+            .ok()
+            .and_then(|v| v.get("tenant").and_then(|t| t.as_str()).map(|t| t == tenant))
+            .unwrap_or(false),
+    }
+}
+
+fn redacted(mut record: WorkflowRecord) -> serde_json::Value {
+    // The input holds the idempotency token: an operator needs the workflow, not the credential.
+    if let Ok(mut input) = serde_json::from_str::<serde_json::Value>(&record.input) {
+        if input.get("token").is_some() {
+            input["token"] = json!("***");
+        }
+        record.input = input.to_string();
+    }
+    let mut v = serde_json::to_value(&record).unwrap_or_default();
+    if let Some(obj) = v.as_object_mut() {
+        obj.remove("lease_owner");
+        obj.remove("input_hash");
+        obj.remove("notify");
+    }
+    v
+}
+
+async fn visible_view(state: &AppState, tenant: &str, id: &str) -> Result<WorkflowView, ApiError> {
+    match state.backend.workflow(id).await? {
+        Some(view) if visible(state, tenant, &view.workflow) => Ok(view),
+        _ => Err(ApiError::not_found("workflow_not_found", format!("no workflow {id}"))),
+    }
+}
+
+/// A workflow, its state and every step with key, status, attempts and timings.
+#[utoipa::path(get, path = "/v1/workflows/{workflow_id}", tag = "operations",
+    params(("workflow_id" = String, Path, description = "The workflow (payments: pay:<token>)")),
+    responses(
+        (status = 200, description = "The workflow with its steps and compensations"),
+        (status = 404, description = "workflow_not_found", body = crate::openapi::Problem),
+    ))]
+pub async fn get_workflow(
+    State(state): State<AppState>,
+    Tenant(tenant): Tenant,
+    Path(id): Path<String>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let view = visible_view(&state, &tenant, &id).await?;
+    Ok(Json(json!({
+        "workflow": redacted(view.workflow),
+        "steps": view.steps,
+        "compensations": view.compensations.into_iter().map(|c| json!({
+            "seq": c.seq, "step_key": c.step_key, "name": c.name, "status": c.status,
+        })).collect::<Vec<_>>(),
+    })))
+}
+
+/// A page of workflows, newest first.
+#[utoipa::path(get, path = "/v1/workflows", tag = "operations", params(ListQuery),
+    responses((status = 200, description = "{\"workflows\": [...], \"next_before\": ms or null}")))]
+pub async fn list_workflows(
+    State(state): State<AppState>,
+    Tenant(tenant): Tenant,
+    Query(q): Query<ListQuery>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    const STATES: [&str; 6] = ["running", "compensating", "completed", "failed", "compensation_failed", "cancelled"];
+    if let Some(s) = &q.state
+        && !STATES.contains(&s.as_str())
+    {
+        return Err(ApiError::invalid(format!("state must be one of {}", STATES.join(", "))));
+    }
+    let limit = q.limit.unwrap_or(50).clamp(1, 1000);
+    let page = state.backend.workflows(q.state.as_deref(), q.before, limit).await?;
+    let next_before = (page.len() as i64 == limit).then(|| page.last().map(|w| w.created_at)).flatten();
+    let workflows: Vec<_> = page.into_iter().filter(|w| visible(&state, &tenant, w)).map(redacted).collect();
+    Ok(Json(json!({ "workflows": workflows, "next_before": next_before })))
+}
+
+/// Retries a failed workflow (compensation_failed: its compensations; failed with nothing compensated: forward).
+#[utoipa::path(post, path = "/v1/workflows/{workflow_id}/retry", tag = "operations",
+    params(("workflow_id" = String, Path, description = "The workflow")),
+    responses(
+        (status = 200, description = "Reopened"),
+        (status = 404, description = "workflow_not_found", body = crate::openapi::Problem),
+        (status = 409, description = "invalid_state", body = crate::openapi::Problem),
+    ))]
+pub async fn retry_workflow(
+    State(state): State<AppState>,
+    Tenant(tenant): Tenant,
+    Path(id): Path<String>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    visible_view(&state, &tenant, &id).await?;
+    Ok(Json(redacted(state.backend.retry(&id).await?)))
+}
+
+/// Cancels a running workflow: any current run is fenced out and the compensations run.
+#[utoipa::path(post, path = "/v1/workflows/{workflow_id}/cancel", tag = "operations",
+    params(("workflow_id" = String, Path, description = "The workflow")),
+    responses(
+        (status = 200, description = "Cancelling"),
+        (status = 404, description = "workflow_not_found", body = crate::openapi::Problem),
+        (status = 409, description = "invalid_state", body = crate::openapi::Problem),
+    ))]
+pub async fn cancel_workflow(
+    State(state): State<AppState>,
+    Tenant(tenant): Tenant,
+    Path(id): Path<String>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    visible_view(&state, &tenant, &id).await?;
+    Ok(Json(redacted(state.backend.cancel(&id).await?)))
+}
+
+/// The process is up.
+#[utoipa::path(get, path = "/healthz", tag = "operations", responses((status = 200, description = "Up")))]
+pub async fn healthz() -> Json<serde_json::Value> {
+    Json(json!({ "status": "ok" }))
+}
+
+/// The database is reachable.
+#[utoipa::path(get, path = "/readyz", tag = "operations",
+    responses((status = 200, description = "Ready"), (status = 503, description = "unavailable", body = crate::openapi::Problem)))]
+pub async fn readyz(State(state): State<AppState>) -> Response {
+    if state.backend.ready().await {
+        Json(json!({ "status": "ready" })).into_response()
+    } else {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            "Service unavailable",
+            "the database is unreachable",
+        )
+        .into_response()
+    }
+}
+
+/// Prometheus metrics: requests by route and status, latency histograms, workflows by state, channel calls by
+/// outcome.
+#[utoipa::path(get, path = "/metrics", tag = "operations", responses((status = 200, description = "Prometheus text format")))]
+pub async fn metrics(State(state): State<AppState>) -> Response {
+    for (workflow_state, count) in state.backend.workflow_counts().await {
+        metrics::gauge!("onceflow_workflows", "state" => workflow_state).set(count as f64);
+    }
+    let body = crate::metrics::render();
+    ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], body).into_response()
+}
+
+/// This document.
+#[utoipa::path(get, path = "/openapi.json", tag = "operations", responses((status = 200, description = "OpenAPI 3.1")))]
+pub async fn openapi() -> Json<utoipa::openapi::OpenApi> {
+    Json(crate::openapi::ApiDoc::openapi())
+}

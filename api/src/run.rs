@@ -1,0 +1,231 @@
+//! Running the commands: what `main` calls after parsing.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use onceflow_engine::EngineConfig;
+use onceflow_payments::{Channel, HttpChannel, MockChannel, MockChannelConfig, mock_channel_router};
+
+use crate::backend::Backend;
+use crate::config::{Command, ConfigError, DatabaseArgs, MockChannelArgs, ServeArgs, WorkflowsCommand, parse_api_keys};
+use crate::state::{AppState, Auth};
+
+/// How long in-flight workflows get to reach a step boundary on shutdown.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// Runs one command to its end. Exit codes: 0 success, 2 bad usage or configuration, 1 other failure.
+pub async fn run(command: Command) -> ExitCode {
+    let result = match command {
+        Command::Serve(args) => serve(args, true).await,
+        Command::Worker(args) => serve(args, false).await,
+        Command::Migrate(db) => migrate(db).await,
+        Command::MockChannel(args) => mock_channel(args).await,
+        Command::Workflows(cmd) => workflows(cmd).await,
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(Failure::Config(e)) => {
+            eprintln!("error: {e}");
+            ExitCode::from(2)
+        }
+        Err(Failure::Other(e)) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+enum Failure {
+    Config(ConfigError),
+    Other(anyhow::Error),
+}
+
+impl From<ConfigError> for Failure {
+    fn from(e: ConfigError) -> Self {
+        Self::Config(e)
+    }
+}
+
+impl From<anyhow::Error> for Failure {
+    fn from(e: anyhow::Error) -> Self {
+        Self::Other(e)
+    }
+}
+
+impl From<std::io::Error> for Failure {
+    fn from(e: std::io::Error) -> Self {
+        Self::Other(e.into())
+    }
+}
+
+async fn connect(args: &ServeArgs) -> Result<Backend, ConfigError> {
+    let channel: Arc<dyn Channel> = match &args.channel_url {
+        Some(url) => {
+            if !(url.starts_with("http://") || url.starts_with("https://")) {
+                return Err(ConfigError(format!("--channel-url must be an http(s) URL (got `{url}`)")));
+            }
+            Arc::new(
+                HttpChannel::new(url, Duration::from_millis(args.channel_timeout_ms))
+                    .map_err(|e| ConfigError(e.to_string()))?,
+            )
+        }
+        None => Arc::new(MockChannel::reliable()),
+    };
+    let config = EngineConfig { lease: Duration::from_millis(args.lease_ms.max(100)), ..EngineConfig::default() };
+    Backend::connect(&args.database.database_url, channel, config, 32).await
+}
+
+async fn serve(args: ServeArgs, http: bool) -> Result<(), Failure> {
+    let auth = match &args.api_keys {
+        Some(raw) => Auth::keys(parse_api_keys(raw)?),
+        None => Auth::SingleTenant,
+    };
+    if http && matches!(auth, Auth::SingleTenant) && !args.listen.ip().is_loopback() {
+        return Err(ConfigError(format!(
+            "--listen {} is not a loopback address: configure --api-keys to serve other hosts",
+            args.listen
+        ))
+        .into());
+    }
+    let backend = connect(&args).await?;
+    let background = backend.spawn_background();
+    if http {
+        crate::metrics::install();
+        let listener = tokio::net::TcpListener::bind(args.listen)
+            .await
+            .map_err(|e| ConfigError(format!("cannot listen on {}: {e}", args.listen)))?;
+        tracing::info!(listen = %args.listen, database = %crate::backend::redact(&args.database.database_url), "serving");
+        let state = AppState { backend: backend.clone(), auth, wait: Duration::from_millis(args.wait_ms) };
+        axum::serve(listener, crate::routes::app(state)).with_graceful_shutdown(shutdown_signal()).await?;
+    } else {
+        tracing::info!("worker running");
+        shutdown_signal().await;
+    }
+    tracing::info!("shutting down: releasing in-flight workflows");
+    backend.shutdown(SHUTDOWN_GRACE).await.map_err(|e| Failure::Other(e.into()))?;
+    background.abort();
+    Ok(())
+}
+
+async fn migrate(db: DatabaseArgs) -> Result<(), Failure> {
+    Backend::connect(&db.database_url, Arc::new(MockChannel::reliable()), EngineConfig::default(), 2).await?;
+    println!("migrations applied to {}", crate::backend::redact(&db.database_url));
+    Ok(())
+}
+
+async fn mock_channel(args: MockChannelArgs) -> Result<(), Failure> {
+    for (name, rate) in [
+        ("--decline-rate", args.decline_rate),
+        ("--error-before-rate", args.error_before_rate),
+        ("--error-after-rate", args.error_after_rate),
+        ("--slow-rate", args.slow_rate),
+        ("--processing-rate", args.processing_rate),
+    ] {
+        if !(0.0..=1.0).contains(&rate) {
+            return Err(ConfigError(format!("{name} must be between 0.0 and 1.0 (got {rate})")).into());
+        }
+    }
+    let channel = MockChannel::new(MockChannelConfig {
+        latency_ms: args.latency_ms,
+        decline_rate: args.decline_rate,
+        error_before_rate: args.error_before_rate,
+        error_after_rate: args.error_after_rate,
+        slow_rate: args.slow_rate,
+        slow_ms: args.slow_ms,
+        processing_rate: args.processing_rate,
+        settle_ms: args.settle_ms,
+        seed: args.seed,
+    });
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .map_err(|e| ConfigError(format!("cannot listen on {}: {e}", args.listen)))?;
+    tracing::info!(listen = %args.listen, "mock channel serving");
+    axum::serve(listener, mock_channel_router(channel)).with_graceful_shutdown(shutdown_signal()).await?;
+    Ok(())
+}
+
+async fn workflows(cmd: WorkflowsCommand) -> Result<(), Failure> {
+    let db = match &cmd {
+        WorkflowsCommand::List { database, .. }
+        | WorkflowsCommand::Show { database, .. }
+        | WorkflowsCommand::Retry { database, .. }
+        | WorkflowsCommand::Cancel { database, .. } => database.clone(),
+    };
+    let backend =
+        Backend::connect(&db.database_url, Arc::new(MockChannel::reliable()), EngineConfig::default(), 2).await?;
+    let run = async {
+        match cmd {
+            WorkflowsCommand::List { state, limit, .. } => {
+                let page = backend.workflows(state.as_deref(), None, limit).await?;
+                println!("{:<48} {:<10} {:<20} {:>5}  UPDATED", "WORKFLOW", "NAME", "STATE", "EPOCH");
+                for w in &page {
+                    println!(
+                        "{:<48} {:<10} {:<20} {:>5}  {}",
+                        w.workflow_id,
+                        w.name,
+                        w.state,
+                        w.lease_epoch,
+                        crate::routes::orders::rfc3339(w.updated_at)
+                    );
+                }
+                println!("({} shown)", page.len());
+            }
+            WorkflowsCommand::Show { workflow_id, .. } => {
+                let view = backend
+                    .workflow(&workflow_id)
+                    .await?
+                    .ok_or_else(|| onceflow_engine::Error::NotFound(workflow_id.clone()))?;
+                let w = &view.workflow;
+                println!(
+                    "workflow  {}\nname      {}\nstate     {}\nepoch     {}",
+                    w.workflow_id, w.name, w.state, w.lease_epoch
+                );
+                if let Some(error) = &w.error {
+                    println!("error     {error}");
+                }
+                println!("\n{:<36} {:<14} {:<10} {:>8}  STARTED", "STEP", "KIND", "STATUS", "ATTEMPTS");
+                for s in &view.steps {
+                    println!(
+                        "{:<36} {:<14} {:<10} {:>8}  {}",
+                        s.step_key,
+                        s.kind,
+                        s.status,
+                        s.attempts,
+                        crate::routes::orders::rfc3339(s.started_at)
+                    );
+                }
+            }
+            WorkflowsCommand::Retry { workflow_id, .. } => {
+                println!("{workflow_id} is now {}", backend.retry(&workflow_id).await?.state);
+            }
+            WorkflowsCommand::Cancel { workflow_id, .. } => {
+                println!("{workflow_id} is now {}", backend.cancel(&workflow_id).await?.state);
+            }
+        }
+        Ok::<_, onceflow_engine::Error>(())
+    };
+    run.await.map_err(|e| Failure::Other(e.into()))
+}
+
+/// Resolves on Ctrl-C or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {},
+        () = terminate => {},
+    }
+}
