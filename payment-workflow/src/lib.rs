@@ -43,5 +43,5 @@ pub use model::{
     validate_currency, validate_key,
 };
 pub use saga::{PaymentInput, PaymentSaga};
-pub use service::{IssuedToken, PayResponse, Payments, TOKEN_TTL_MS};
+pub use service::{IssuedToken, PayResponse, Payments, TOKEN_TTL_MS, payment_workflow_id};
 pub use store::{PaymentStore, Reserve};

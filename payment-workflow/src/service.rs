@@ -17,6 +17,11 @@ use crate::store::PaymentStore;
 /// How long an unused token lives.
 pub const TOKEN_TTL_MS: i64 = 24 * 60 * 60 * 1000;
 
+/// The id of the workflow paying under `token`: derived from it, so repeats find it, without revealing it.
+pub fn payment_workflow_id(token: &str) -> String {
+    format!("pay:{}", &hex_sha256(token.as_bytes())[..32])
+}
+
 /// A newly issued idempotency token.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct IssuedToken {
@@ -215,7 +220,7 @@ impl<S: PaymentStore> Payments<S> {
             currency: request.currency.clone(),
             request_no: request_no.clone(),
         };
-        let handle = match self.engine.start::<PaymentSaga>(&format!("pay:{token}"), &input).await {
+        let handle = match self.engine.start::<PaymentSaga>(&payment_workflow_id(token), &input).await {
             Ok(handle) => handle,
             Err(onceflow_engine::Error::Conflict { .. }) => return Ok(mismatch()),
             Err(e) => return Err(e.into()),

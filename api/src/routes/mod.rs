@@ -25,6 +25,7 @@ pub const BODY_LIMIT: usize = 64 * 1024;
 
 /// The whole HTTP API over `state`.
 pub fn app(state: AppState) -> Router {
+    crate::metrics::install();
     let request_id = HeaderName::from_static("x-request-id");
     Router::new()
         .route("/v1/orders", post(orders::create_order))

@@ -12,6 +12,9 @@ use utoipa::{IntoParams, OpenApi};
 use crate::error::ApiError;
 use crate::state::{AppState, Auth, Tenant};
 
+const WORKFLOW_STATES: [&str; 6] =
+    ["running", "compensating", "completed", "failed", "compensation_failed", "cancelled"];
+
 /// Filters of `GET /v1/workflows`.
 #[derive(Debug, Deserialize, IntoParams)]
 pub struct ListQuery {
@@ -88,11 +91,10 @@ pub async fn list_workflows(
     Tenant(tenant): Tenant,
     Query(q): Query<ListQuery>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    const STATES: [&str; 6] = ["running", "compensating", "completed", "failed", "compensation_failed", "cancelled"];
     if let Some(s) = &q.state
-        && !STATES.contains(&s.as_str())
+        && !WORKFLOW_STATES.contains(&s.as_str())
     {
-        return Err(ApiError::invalid(format!("state must be one of {}", STATES.join(", "))));
+        return Err(ApiError::invalid(format!("state must be one of {}", WORKFLOW_STATES.join(", "))));
     }
     let limit = q.limit.unwrap_or(50).clamp(1, 1000);
     let page = state.backend.workflows(q.state.as_deref(), q.before, limit).await?;
@@ -162,7 +164,9 @@ pub async fn readyz(State(state): State<AppState>) -> Response {
 /// outcome.
 #[utoipa::path(get, path = "/metrics", tag = "operations", responses((status = 200, description = "Prometheus text format")))]
 pub async fn metrics(State(state): State<AppState>) -> Response {
-    for (workflow_state, count) in state.backend.workflow_counts().await {
+    let counts = state.backend.workflow_counts().await;
+    for workflow_state in WORKFLOW_STATES {
+        let count = counts.iter().find(|(s, _)| s == workflow_state).map_or(0, |(_, n)| *n);
         metrics::gauge!("onceflow_workflows", "state" => workflow_state).set(count as f64);
     }
     let body = crate::metrics::render();

@@ -56,6 +56,9 @@ pub struct PaymentBody {
     /// Why the channel declined.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub decline_code: Option<String>,
+    /// The workflow that runs the payment (`GET /v1/workflows/{workflow_id}`); on `GET` only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workflow_id: Option<String>,
 }
 
 /// Checks an `Idempotency-Key`: 1–128 characters of `A-Z a-z 0-9 _ -`.
@@ -184,6 +187,7 @@ pub async fn get_payment(
         status: p.status,
         charge_id: p.charge_id,
         decline_code: p.decline_code,
+        workflow_id: Some(onceflow_payments::payment_workflow_id(&p.token)),
     }))
 }
 
