@@ -16,7 +16,8 @@ fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
-/// Starts `onceflow serve` and waits for `/healthz`.
+/// Starts `onceflow serve` and waits for `/healthz`. The caller kills and reaps it.
+#[allow(clippy::zombie_processes)]
 async fn serve(args: &[&str]) -> (Child, String) {
     let port = free_port();
     let listen = format!("127.0.0.1:{port}");
@@ -31,10 +32,10 @@ async fn serve(args: &[&str]) -> (Child, String) {
     let base = format!("http://{listen}");
     let started = Instant::now();
     loop {
-        if let Ok(r) = reqwest::get(format!("{base}/healthz")).await {
-            if r.status().is_success() {
-                return (child, base);
-            }
+        if let Ok(r) = reqwest::get(format!("{base}/healthz")).await
+            && r.status().is_success()
+        {
+            return (child, base);
         }
         assert!(started.elapsed() < Duration::from_secs(30), "serve did not come up");
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -59,6 +60,7 @@ async fn the_readme_walkthrough_runs() {
         .await
         .unwrap();
     child.kill().unwrap();
+    child.wait().unwrap();
     let printed = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{printed}\n{}", String::from_utf8_lossy(&out.stderr));
     assert!(printed.contains("\"order_no\":\"O-1\""), "{printed}");
