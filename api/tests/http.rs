@@ -300,3 +300,28 @@ async fn openapi_covers_every_route_of_the_contract() {
         assert!(text.contains(code), "error code {code} is not documented");
     }
 }
+
+/// Storage going away answers `503 unavailable` with `Retry-After`, fast, with no internal text.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn storage_outage_is_503_with_retry_after() {
+    let Some(url) = database("postgres").await else {
+        eprintln!("skipped: DATABASE_URL is not set");
+        return;
+    };
+    let (app, _) = start_reliable(&url).await;
+    app.order("O-1", 1000).await;
+    let token = app.token().await;
+    let name = url.rsplit('/').next().unwrap().to_owned();
+    let admin = sqlx::PgPool::connect(&std::env::var("DATABASE_URL").unwrap()).await.unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE {name} WITH (FORCE)"))).execute(&admin).await.unwrap();
+    let started = std::time::Instant::now();
+    for answer in
+        [app.token_answer().await, app.pay(&token, pay_body("O-1", 1000)).await, app.get("/v1/orders/O-1").await]
+    {
+        answer.assert_problem(503, "unavailable");
+        assert_eq!(answer.header("retry-after").as_deref(), Some("1"));
+        assert!(!answer.text.contains("database"), "no internal text: {}", answer.text);
+    }
+    assert_eq!(app.get("/readyz").await.status, 503);
+    assert!(started.elapsed() < Duration::from_secs(20), "failed fast enough: {:?}", started.elapsed());
+}

@@ -103,6 +103,10 @@ impl App {
         self.send(Method::GET, path, &[], None).await
     }
 
+    pub async fn token_answer(&self) -> Answer {
+        self.send(Method::POST, "/v1/tokens", &[], None).await
+    }
+
     pub async fn token(&self) -> String {
         let a = self.send(Method::POST, "/v1/tokens", &[], None).await;
         assert_eq!(a.status, 201, "{}", a.text);
