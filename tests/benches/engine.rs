@@ -6,13 +6,12 @@
 //! same writes — three transactional steps in one atomic phase, one external no-op step, one transactional
 //! step — with 16 workflows in flight, and prints both rates and their ratio.
 
-use std::path::PathBuf;
-use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use onceflow_engine::{BoxFuture, Engine, Interrupt, Outcome, PgStore, Store, Workflow, WorkflowContext};
+use onceflow_tests::baseline::{fresh_db, pgbench, run};
 
 struct Pay;
 
@@ -90,29 +89,6 @@ fn arg(name: &str, default: u64) -> u64 {
     args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).and_then(|v| v.parse().ok()).unwrap_or(default)
 }
 
-fn bench_dir() -> PathBuf {
-    std::env::var_os("ONCEFLOW_BENCH_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/bench"))
-}
-
-fn run(cmd: &mut Command) -> anyhow::Result<String> {
-    let out = cmd.output()?;
-    anyhow::ensure!(out.status.success(), "{:?} failed: {}", cmd, String::from_utf8_lossy(&out.stderr));
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
-/// A fresh database holding the baseline schema with `n` orders and tokens; returns its URL.
-fn fresh_db(base: &str, name: &str, n: u64) -> anyhow::Result<String> {
-    let server = base.rsplit_once('/').map(|(s, _)| s).unwrap_or(base);
-    run(Command::new("psql").args([base, "-qc", &format!("DROP DATABASE IF EXISTS {name}")]))?;
-    run(Command::new("psql").args([base, "-qc", &format!("CREATE DATABASE {name}")]))?;
-    let url = format!("{server}/{name}");
-    let schema = bench_dir().join("schema.sql");
-    run(Command::new("psql").arg(&url).args(["-q", "-v", &format!("n={n}"), "-f"]).arg(schema))?;
-    Ok(url)
-}
-
 fn main() -> anyhow::Result<()> {
     let Ok(base) = std::env::var("DATABASE_URL") else {
         println!("skipped: set DATABASE_URL=postgres://… to run the engine benchmark");
@@ -127,20 +103,15 @@ fn main() -> anyhow::Result<()> {
     let floor_tx = arg("--floor-transactions", 1000);
 
     println!("floor: pgbench -n -c {concurrency} -j 2 -t {floor_tx} -f floor_pay.pgbench");
-    let floor_url = fresh_db(&base, "onceflow_bench_floor", concurrency * floor_tx)?;
-    let out = run(Command::new("pgbench")
-        .args(["-n", "-c", &concurrency.to_string(), "-j", "2", "-t", &floor_tx.to_string(), "-f"])
-        .arg(bench_dir().join("floor_pay.pgbench"))
-        .arg(&floor_url))?;
-    let floor_tps: f64 = out
-        .lines()
-        .find_map(|l| l.strip_prefix("tps = "))
-        .and_then(|l| l.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .ok_or_else(|| anyhow::anyhow!("no tps in pgbench output:\n{out}"))?;
+    let floor_tps = pgbench(&base, "floor_pay.pgbench", concurrency, floor_tx)?;
     println!("floor: {floor_tps:.0} payments/s");
 
-    let engine_url = fresh_db(&base, "onceflow_bench_engine", workflows)?;
+    let engine_url = fresh_db(&base, "onceflow_bench_engine")?;
+    let schema = onceflow_tests::baseline::bench_dir().join("schema.sql");
+    run(std::process::Command::new("psql")
+        .arg(&engine_url)
+        .args(["-q", "-v", &format!("n={workflows}"), "-f"])
+        .arg(schema))?;
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let rate = rt.block_on(async move {
         let store = PgStore::connect(&engine_url, u32::try_from(concurrency).unwrap_or(16) + 4).await?;

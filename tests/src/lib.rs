@@ -13,6 +13,8 @@ use onceflow_engine::{
 use serde::{Deserialize, Serialize};
 use tokio::sync::{Mutex, mpsc};
 
+pub mod baseline;
+
 /// A store the tests can count business effects in.
 pub trait TestDb: Store {
     /// Creates the `effects` table.
