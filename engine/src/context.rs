@@ -13,8 +13,8 @@ use crate::engine::{Core, StartSignal};
 use crate::error::{Failure, Interrupt, StepError};
 use crate::step::{Attempt, Previous, StepSpec};
 use crate::store::{
-    CompensationRecord, Conn, StepRecord, Store, Tx, WorkflowRecord, WorkflowUpdate, compensation_status, kind, state,
-    step_status,
+    Checkpoint, CompensationRecord, Conn, Fence, StepRecord, Store, Tx, WorkflowRecord, WorkflowUpdate,
+    compensation_status, kind, state, step_status,
 };
 use crate::workflow::BoxFuture;
 
@@ -350,24 +350,19 @@ impl<S: Store> WorkflowContext<S> {
         let store = self.core.store.clone();
         let id = self.workflow_id.clone();
         let epoch = self.epoch;
-        let update_is_empty = update_is_empty(&update);
         self.open_tx().await?;
         let Some(mut tx) = self.tx.take() else {
             return Err(Interrupt::LeaseLost);
         };
         // From here an early return drops (rolls back) the transaction, and with it any insert it made.
-        let inserted_here = std::mem::take(&mut self.inserted_in_tx);
-        store.write_steps(&mut tx, &self.pending_steps).await?;
-        store.write_compensations(&mut tx, &self.pending_comps).await?;
-        // A row inserted by this very transaction already carries our epoch: with nothing to change on it,
-        // the fence would only repeat what the insert proved.
-        if !(update_is_empty && inserted_here) {
-            let Some(notify) = store.fence(&mut tx, &id, epoch, &update, now).await? else {
-                return Err(Interrupt::LeaseLost);
-            };
-            if notify && update.state.is_some_and(state::is_final) {
-                store.notify_finished(&mut tx, &id).await?;
-            }
+        self.inserted_in_tx = false;
+        let fence = Some(Fence { workflow_id: &id, epoch, update: &update, now });
+        let checkpoint = Checkpoint { steps: &self.pending_steps, compensations: &self.pending_comps, fence };
+        let Some(notify) = store.persist(&mut tx, &checkpoint).await? else {
+            return Err(Interrupt::LeaseLost);
+        };
+        if notify && update.state.is_some_and(state::is_final) {
+            store.notify_finished(&mut tx, &id).await?;
         }
         tx.commit().await?;
         self.insert = None;
@@ -405,10 +400,6 @@ impl<S: Store> WorkflowContext<S> {
             self.push_step(s);
         }
     }
-}
-
-fn update_is_empty(update: &WorkflowUpdate) -> bool {
-    update.state.is_none() && update.output.is_none() && update.error.is_none() && update.release_until.is_none()
 }
 
 pub(crate) fn failure_json(f: &Failure) -> String {

@@ -177,7 +177,7 @@ impl<S: PaymentStore> Payments<S> {
                 "this token was used for a different request",
             )
         };
-        let Some(stored) = self.store().token(token).await? else {
+        let Some((stored, order_exists)) = self.store().token_and_order(token, tenant, &request.order_no).await? else {
             return Ok(not_found());
         };
         if stored.tenant != tenant {
@@ -204,7 +204,7 @@ impl<S: PaymentStore> Payments<S> {
             _ => {}
         }
         // The order must exist before anything is bound to the token: an unknown order is not stored.
-        if self.store().order(tenant, &request.order_no).await?.is_none() {
+        if !order_exists {
             let detail = format!("order {} does not exist", request.order_no);
             return Ok(PayResponse::problem(404, "order_not_found", "Order not found", &detail));
         }

@@ -20,6 +20,13 @@ pub enum Reserve {
     NotPayable,
 }
 
+#[derive(sqlx::FromRow)]
+struct TokenCheck {
+    #[sqlx(flatten)]
+    token: TokenRecord,
+    order_exists: bool,
+}
+
 type Sql<'c, T> = BoxFuture<'c, Result<T, StepError>>;
 
 /// A [`Store`] that also keeps orders, tokens and payment records. Functions taking a connection run inside a
@@ -79,6 +86,13 @@ pub trait PaymentStore: Store {
     fn order(&self, tenant: &str, order_no: &str) -> impl Future<Output = Result<Option<Order>, sqlx::Error>> + Send;
     /// Stores a newly issued token.
     fn insert_token(&self, token: &TokenRecord) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
+    /// One token, and whether the tenant has the order: the two checks before a payment, in one round trip.
+    fn token_and_order(
+        &self,
+        token: &str,
+        tenant: &str,
+        order_no: &str,
+    ) -> impl Future<Output = Result<Option<(TokenRecord, bool)>, sqlx::Error>> + Send;
     /// One token.
     fn token(&self, token: &str) -> impl Future<Output = Result<Option<TokenRecord>, sqlx::Error>> + Send;
     /// One payment record.
@@ -298,6 +312,24 @@ macro_rules! impl_payment_store {
                 .execute(self.pool())
                 .await?;
                 Ok(())
+            }
+
+            async fn token_and_order(
+                &self,
+                token: &str,
+                tenant: &str,
+                order_no: &str,
+            ) -> Result<Option<(TokenRecord, bool)>, sqlx::Error> {
+                let found: Option<TokenCheck> = sqlx::query_as(
+                    "SELECT t.*, EXISTS (SELECT 1 FROM orders o WHERE o.tenant = $2 AND o.order_no = $3) AS order_exists \
+                     FROM idempotency_tokens t WHERE t.token = $1",
+                )
+                .bind(token)
+                .bind(tenant)
+                .bind(order_no)
+                .fetch_optional(self.pool())
+                .await?;
+                Ok(found.map(|f| (f.token, f.order_exists)))
             }
 
             async fn token(&self, token: &str) -> Result<Option<TokenRecord>, sqlx::Error> {

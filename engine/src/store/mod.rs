@@ -163,6 +163,30 @@ pub struct WorkflowUpdate {
     pub release_until: Option<i64>,
 }
 
+/// Everything one commit writes besides the business rows.
+#[derive(Debug, Clone, Copy)]
+pub struct Checkpoint<'a> {
+    /// Step rows to insert or replace.
+    pub steps: &'a [StepRecord],
+    /// Compensation rows to insert or replace.
+    pub compensations: &'a [CompensationRecord],
+    /// The fence, unless the transaction inserted the workflow row itself and changes nothing on it.
+    pub fence: Option<Fence<'a>>,
+}
+
+/// The fence of a commit: see [`Store::fence`].
+#[derive(Debug, Clone, Copy)]
+pub struct Fence<'a> {
+    /// The workflow.
+    pub workflow_id: &'a str,
+    /// The committer's lease epoch.
+    pub epoch: i64,
+    /// The change to the workflow's row.
+    pub update: &'a WorkflowUpdate,
+    /// Now (ms).
+    pub now: i64,
+}
+
 /// Operator actions that rewrite a workflow's state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Reopen {
@@ -215,6 +239,24 @@ pub trait Store: Clone + Send + Sync + 'static {
         update: &WorkflowUpdate,
         now: i64,
     ) -> impl Future<Output = Result<Option<bool>>> + Send;
+
+    /// Writes a commit's bookkeeping inside its transaction: step rows, compensation rows, and (when given)
+    /// the fence. Returns `None` when the fence found the lease lost, else whether a waiter elsewhere asked to
+    /// be notified. Backends may do it in one round trip.
+    fn persist(
+        &self,
+        conn: &mut Conn<Self>,
+        checkpoint: &Checkpoint<'_>,
+    ) -> impl Future<Output = Result<Option<bool>>> + Send {
+        async move {
+            self.write_steps(conn, checkpoint.steps).await?;
+            self.write_compensations(conn, checkpoint.compensations).await?;
+            match &checkpoint.fence {
+                Some(f) => self.fence(conn, f.workflow_id, f.epoch, f.update, f.now).await,
+                None => Ok(Some(false)),
+            }
+        }
+    }
 
     /// Tells waiters in other processes that the workflow ended (Postgres `NOTIFY`; a no-op elsewhere).
     fn notify_finished(&self, conn: &mut Conn<Self>, workflow_id: &str) -> impl Future<Output = Result<()>> + Send;

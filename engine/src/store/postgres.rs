@@ -7,8 +7,8 @@ use sqlx::Postgres;
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
 
 use super::{
-    CompensationRecord, Conn, Listener, ListenerInner, Reopen, StepRecord, Store, Tx, WorkflowRecord, WorkflowUpdate,
-    shared, shared::shared_store_methods, state,
+    Checkpoint, CompensationRecord, Conn, Listener, ListenerInner, Reopen, StepRecord, Store, Tx, WorkflowRecord,
+    WorkflowUpdate, shared, shared::shared_store_methods, state,
 };
 use crate::error::Result;
 
@@ -81,6 +81,44 @@ impl Store for PgStore {
         .bind(limit)
         .fetch_all(&self.pool)
         .await?)
+    }
+
+    /// One statement: the step and compensation upserts ride as data-modifying CTEs of the fence.
+    async fn persist(&self, conn: &mut Conn<Self>, checkpoint: &Checkpoint<'_>) -> Result<Option<bool>> {
+        let Some(fence) = &checkpoint.fence else {
+            self.write_steps(conn, checkpoint.steps).await?;
+            self.write_compensations(conn, checkpoint.compensations).await?;
+            return Ok(Some(false));
+        };
+        let (steps, comps) = (checkpoint.steps, checkpoint.compensations);
+        let mut sql = String::from("WITH ");
+        let mut next = 1;
+        if !steps.is_empty() {
+            sql.push_str("s AS (");
+            sql.push_str(&shared::upsert_steps_sql(steps.len(), next));
+            sql.push_str("), ");
+            next += steps.len() * 10;
+        }
+        if !comps.is_empty() {
+            sql.push_str("c AS (");
+            sql.push_str(&shared::upsert_compensations_sql(comps.len(), next));
+            sql.push_str("), ");
+            next += comps.len() * 6;
+        }
+        let sql = if next == 1 {
+            shared::fence_sql(1)
+        } else {
+            sql.truncate(sql.len() - 2);
+            sql.push(' ');
+            sql.push_str(&shared::fence_sql(next));
+            sql
+        };
+        let q = sqlx::query_scalar(sqlx::AssertSqlSafe(sql));
+        let q = shared::bind_compensations!(shared::bind_steps!(q, steps), comps);
+        let notify: Option<bool> = shared::bind_fence!(q, fence.workflow_id, fence.epoch, fence.update, fence.now)
+            .fetch_optional(&mut *conn)
+            .await?;
+        Ok(notify)
     }
 
     async fn listen(&self) -> Result<Option<Listener>> {

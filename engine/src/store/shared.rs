@@ -6,12 +6,26 @@ pub(crate) const INSERT_WORKFLOW: &str = "INSERT INTO workflows (workflow_id, na
     error, lease_owner, lease_expires_at, lease_epoch, next_attempt_at, notify, created_at, updated_at) \
     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14) ON CONFLICT (workflow_id) DO NOTHING";
 
-pub(crate) const FENCE: &str = "UPDATE workflows SET state = COALESCE($3, state), output = COALESCE($4, output), \
-    error = COALESCE($5, error), \
-    lease_owner = CASE WHEN $6 IS NULL THEN lease_owner ELSE NULL END, \
-    lease_expires_at = CASE WHEN $6 IS NULL THEN lease_expires_at ELSE NULL END, \
-    next_attempt_at = COALESCE($6, next_attempt_at), updated_at = $7 \
-    WHERE workflow_id = $1 AND lease_epoch = $2 RETURNING notify";
+/// The fence: applies a [`super::WorkflowUpdate`] only while `lease_epoch` is still the committer's. Parameters
+/// from `$first`: workflow_id, epoch, state, output, error, release_until, now.
+pub(crate) fn fence_sql(first: usize) -> String {
+    let p = |i: usize| format!("${}", first + i);
+    format!(
+        "UPDATE workflows SET state = COALESCE({s}, state), output = COALESCE({o}, output), \
+         error = COALESCE({e}, error), \
+         lease_owner = CASE WHEN {r} IS NULL THEN lease_owner ELSE NULL END, \
+         lease_expires_at = CASE WHEN {r} IS NULL THEN lease_expires_at ELSE NULL END, \
+         next_attempt_at = COALESCE({r}, next_attempt_at), updated_at = {n} \
+         WHERE workflow_id = {id} AND lease_epoch = {ep} RETURNING notify",
+        id = p(0),
+        ep = p(1),
+        s = p(2),
+        o = p(3),
+        e = p(4),
+        r = p(5),
+        n = p(6),
+    )
+}
 
 pub(crate) const SELECT_WORKFLOW: &str = "SELECT * FROM workflows WHERE workflow_id = $1";
 pub(crate) const SELECT_STEPS: &str =
@@ -28,13 +42,13 @@ pub(crate) const REQUEST_NOTIFY: &str = "UPDATE workflows SET notify = TRUE WHER
 pub(crate) const LIST: &str = "SELECT * FROM workflows WHERE ($1 IS NULL OR state = $1) \
     AND ($2 IS NULL OR created_at < $2) ORDER BY created_at DESC, workflow_id LIMIT $3";
 
-/// `INSERT … VALUES (…), (…) ON CONFLICT … DO UPDATE` for `rows` step rows.
-pub(crate) fn upsert_steps_sql(rows: usize) -> String {
+/// `INSERT … VALUES (…), (…) ON CONFLICT … DO UPDATE` for `rows` step rows, parameters from `$first`.
+pub(crate) fn upsert_steps_sql(rows: usize, first: usize) -> String {
     let mut sql = String::from(
         "INSERT INTO workflow_steps (workflow_id, step_key, step_name, kind, status, attempts, output, error, \
          started_at, finished_at) VALUES ",
     );
-    push_value_rows(&mut sql, rows, 10);
+    push_value_rows(&mut sql, rows, 10, first);
     sql.push_str(
         " ON CONFLICT (workflow_id, step_key) DO UPDATE SET step_name = excluded.step_name, kind = excluded.kind, \
          status = excluded.status, attempts = excluded.attempts, output = excluded.output, error = excluded.error, \
@@ -43,24 +57,69 @@ pub(crate) fn upsert_steps_sql(rows: usize) -> String {
     sql
 }
 
-/// `INSERT … VALUES (…), (…) ON CONFLICT … DO UPDATE` for `rows` compensation rows.
-pub(crate) fn upsert_compensations_sql(rows: usize) -> String {
+/// `INSERT … VALUES (…), (…) ON CONFLICT … DO UPDATE` for `rows` compensation rows, parameters from `$first`.
+pub(crate) fn upsert_compensations_sql(rows: usize, first: usize) -> String {
     let mut sql =
         String::from("INSERT INTO workflow_compensations (workflow_id, seq, step_key, name, input, status) VALUES ");
-    push_value_rows(&mut sql, rows, 6);
+    push_value_rows(&mut sql, rows, 6, first);
     sql.push_str(" ON CONFLICT (workflow_id, seq) DO UPDATE SET status = excluded.status");
     sql
 }
 
-fn push_value_rows(sql: &mut String, rows: usize, cols: usize) {
+fn push_value_rows(sql: &mut String, rows: usize, cols: usize, first: usize) {
     use std::fmt::Write;
     for r in 0..rows {
         sql.push_str(if r == 0 { "(" } else { ", (" });
         for c in 0..cols {
-            let _ = write!(sql, "{}${}", if c == 0 { "" } else { ", " }, r * cols + c + 1);
+            let _ = write!(sql, "{}${}", if c == 0 { "" } else { ", " }, first + r * cols + c);
         }
         sql.push(')');
     }
+}
+
+/// Binds step rows in the column order of [`upsert_steps_sql`].
+macro_rules! bind_steps {
+    ($q:expr, $steps:expr) => {{
+        let mut q = $q;
+        for s in $steps {
+            q = q
+                .bind(&s.workflow_id)
+                .bind(&s.step_key)
+                .bind(&s.step_name)
+                .bind(&s.kind)
+                .bind(&s.status)
+                .bind(s.attempts)
+                .bind(&s.output)
+                .bind(&s.error)
+                .bind(s.started_at)
+                .bind(s.finished_at);
+        }
+        q
+    }};
+}
+
+/// Binds compensation rows in the column order of [`upsert_compensations_sql`].
+macro_rules! bind_compensations {
+    ($q:expr, $comps:expr) => {{
+        let mut q = $q;
+        for c in $comps {
+            q = q.bind(&c.workflow_id).bind(c.seq).bind(&c.step_key).bind(&c.name).bind(&c.input).bind(&c.status);
+        }
+        q
+    }};
+}
+
+/// Binds a fence in the parameter order of [`fence_sql`].
+macro_rules! bind_fence {
+    ($q:expr, $workflow_id:expr, $epoch:expr, $update:expr, $now:expr) => {
+        $q.bind($workflow_id)
+            .bind($epoch)
+            .bind($update.state)
+            .bind(&$update.output)
+            .bind(&$update.error)
+            .bind($update.release_until)
+            .bind($now)
+    };
 }
 
 /// The `Store` methods whose SQL and binding are the same on every backend. Expanded inside each backend's
@@ -96,22 +155,8 @@ macro_rules! shared_store_methods {
             if steps.is_empty() {
                 return Ok(());
             }
-            let sql = shared::upsert_steps_sql(steps.len());
-            let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
-            for s in steps {
-                q = q
-                    .bind(&s.workflow_id)
-                    .bind(&s.step_key)
-                    .bind(&s.step_name)
-                    .bind(&s.kind)
-                    .bind(&s.status)
-                    .bind(s.attempts)
-                    .bind(&s.output)
-                    .bind(&s.error)
-                    .bind(s.started_at)
-                    .bind(s.finished_at);
-            }
-            q.execute(&mut *conn).await?;
+            let sql = shared::upsert_steps_sql(steps.len(), 1);
+            shared::bind_steps!(sqlx::query(sqlx::AssertSqlSafe(sql)), steps).execute(&mut *conn).await?;
             Ok(())
         }
 
@@ -119,18 +164,8 @@ macro_rules! shared_store_methods {
             if comps.is_empty() {
                 return Ok(());
             }
-            let sql = shared::upsert_compensations_sql(comps.len());
-            let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
-            for c in comps {
-                q = q
-                    .bind(&c.workflow_id)
-                    .bind(c.seq)
-                    .bind(&c.step_key)
-                    .bind(&c.name)
-                    .bind(&c.input)
-                    .bind(&c.status);
-            }
-            q.execute(&mut *conn).await?;
+            let sql = shared::upsert_compensations_sql(comps.len(), 1);
+            shared::bind_compensations!(sqlx::query(sqlx::AssertSqlSafe(sql)), comps).execute(&mut *conn).await?;
             Ok(())
         }
 
@@ -142,16 +177,9 @@ macro_rules! shared_store_methods {
             update: &WorkflowUpdate,
             now: i64,
         ) -> Result<Option<bool>> {
-            let notify: Option<bool> = sqlx::query_scalar(shared::FENCE)
-                .bind(workflow_id)
-                .bind(epoch)
-                .bind(update.state)
-                .bind(&update.output)
-                .bind(&update.error)
-                .bind(update.release_until)
-                .bind(now)
-                .fetch_optional(&mut *conn)
-                .await?;
+            let q = sqlx::query_scalar(sqlx::AssertSqlSafe(shared::fence_sql(1)));
+            let notify: Option<bool> =
+                shared::bind_fence!(q, workflow_id, epoch, update, now).fetch_optional(&mut *conn).await?;
             Ok(notify)
         }
 
@@ -267,13 +295,13 @@ macro_rules! shared_store_methods {
     };
 }
 
-pub(crate) use shared_store_methods;
+pub(crate) use {bind_compensations, bind_fence, bind_steps, shared_store_methods};
 
 #[cfg(test)]
 mod tests {
     #[test]
     fn value_rows_number_parameters_in_order() {
-        let sql = super::upsert_compensations_sql(2);
+        let sql = super::upsert_compensations_sql(2, 1);
         assert!(sql.contains("VALUES ($1, $2, $3, $4, $5, $6), ($7, $8, $9, $10, $11, $12) ON CONFLICT"));
     }
 }
