@@ -1,0 +1,328 @@
+//! The chaos run: three `onceflow serve` processes on one Postgres, a mock channel with every fault on, a load
+//! client sending payments (a third of them duplicated, concurrently, under the same token) to random
+//! processes, and a killer that SIGKILLs a random process every few seconds and restarts it. Afterwards it
+//! waits for recovery and checks, from the channel's ledger and the database: at most one kept charge per
+//! order, every order paid exactly when charged, every duplicate answered like its original, nothing left
+//! `paying`/`processing`, every accepted request final. Bounded in time and requests; loopback only.
+//!
+//! CI runs a short form. The long form:
+//! `ONCEFLOW_CHAOS_SECS=300 ONCEFLOW_CHAOS_KILL_MS=2500 DATABASE_URL=postgres://… cargo test --release -p onceflow-api --test chaos -- --nocapture`
+
+use std::collections::HashMap;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use onceflow_engine::PgStore;
+use onceflow_payments::{MockChannel, MockChannelConfig, check_invariants, mock_channel_router};
+use serde_json::json;
+use tokio::sync::Mutex;
+
+const ONCEFLOW: &str = env!("CARGO_BIN_EXE_onceflow");
+const PROCESSES: usize = 3;
+const CLIENTS: u64 = 8;
+
+fn env_u64(name: &str, default: u64) -> u64 {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+struct Fleet {
+    db: String,
+    channel: String,
+    ports: Vec<u16>,
+    children: Mutex<Vec<Child>>,
+}
+
+impl Fleet {
+    fn spawn(&self, port: u16) -> Child {
+        Command::new(ONCEFLOW)
+            .arg("serve")
+            .args(["--database-url", &self.db, "--listen", &format!("127.0.0.1:{port}")])
+            .args(["--channel-url", &self.channel, "--channel-timeout-ms", "400"])
+            .args(["--lease-ms", "1000", "--wait-ms", "2000"])
+            .env("RUST_LOG", "error")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start onceflow serve")
+    }
+
+    fn base(&self, i: usize) -> String {
+        format!("http://127.0.0.1:{}", self.ports[i % self.ports.len()])
+    }
+
+    async fn wait_up(&self, client: &reqwest::Client, i: usize) {
+        let started = Instant::now();
+        while !client.get(format!("{}/readyz", self.base(i))).send().await.is_ok_and(|r| r.status().is_success()) {
+            assert!(started.elapsed() < Duration::from_secs(30), "process {i} did not come up");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+#[derive(Default)]
+struct Tally {
+    requests: AtomicU64,
+    duplicates: AtomicU64,
+    retries: AtomicU64,
+    kills: AtomicU64,
+    violations: Mutex<Vec<String>>,
+    /// Final answers per token, as each request finally got them.
+    answers: Mutex<HashMap<String, Vec<(u16, String)>>>,
+}
+
+/// Sends one payment request until it has a final answer, retrying the same token on other processes after
+/// a connection error, a `503` or a `202`.
+async fn pay_until_final(fleet: &Fleet, client: &reqwest::Client, tally: &Tally, token: &str, order: &str, salt: u64) {
+    let body = json!({"order_no": order, "amount": 1000, "currency": "CNY"});
+    let started = Instant::now();
+    for attempt in 0u64.. {
+        if started.elapsed() > Duration::from_secs(90) {
+            tally.violations.lock().await.push(format!("token {token}: no final answer in 90 s"));
+            return;
+        }
+        if attempt > 0 {
+            tally.retries.fetch_add(1, Ordering::Relaxed);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let base = fleet.base((salt + attempt) as usize);
+        let sent = client
+            .post(format!("{base}/v1/payments"))
+            .header("idempotency-key", token)
+            .header("prefer", "wait=2")
+            .json(&body)
+            .send()
+            .await;
+        let Ok(response) = sent else { continue };
+        let status = response.status().as_u16();
+        let text = response.text().await.unwrap_or_default();
+        match status {
+            201 | 402 | 409 | 422 => {
+                tally.answers.lock().await.entry(token.to_owned()).or_default().push((status, text));
+                return;
+            }
+            202 | 503 => {}
+            other => {
+                tally.violations.lock().await.push(format!("token {token}: answered {other}: {text}"));
+                return;
+            }
+        }
+    }
+}
+
+/// Creates an order and a token through any live process.
+async fn setup_payment(fleet: &Fleet, client: &reqwest::Client, order: &str, salt: u64) -> Option<String> {
+    let started = Instant::now();
+    let mut made_order = false;
+    for attempt in 0u64.. {
+        if started.elapsed() > Duration::from_secs(30) {
+            return None;
+        }
+        let base = fleet.base((salt + attempt) as usize);
+        if !made_order {
+            let body = json!({"order_no": order, "amount": 1000, "currency": "CNY"});
+            match client.post(format!("{base}/v1/orders")).json(&body).send().await {
+                Ok(r) if r.status().is_success() => made_order = true,
+                _ => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            }
+        }
+        if let Ok(r) = client.post(format!("{base}/v1/tokens")).send().await
+            && r.status().as_u16() == 201
+            && let Ok(v) = r.json::<serde_json::Value>().await
+        {
+            return v["token"].as_str().map(str::to_owned);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    None
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn chaos_nothing_lost_nothing_charged_twice() {
+    let Some(db) = onceflow_tests::pg_url().await.unwrap() else {
+        eprintln!("skipped: DATABASE_URL is not set");
+        return;
+    };
+    let secs = env_u64("ONCEFLOW_CHAOS_SECS", 12);
+    let kill_every = Duration::from_millis(env_u64("ONCEFLOW_CHAOS_KILL_MS", 1500));
+    let max_payments = env_u64("ONCEFLOW_CHAOS_MAX_PAYMENTS", 100_000);
+
+    let ledger = MockChannel::new(MockChannelConfig {
+        latency_ms: 5,
+        decline_rate: 0.1,
+        error_before_rate: 0.05,
+        error_after_rate: 0.05,
+        slow_rate: 0.05,
+        slow_ms: 1_000,
+        processing_rate: 0.1,
+        settle_ms: 300,
+        seed: 42,
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let channel = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(axum::serve(listener, mock_channel_router(ledger.clone())).into_future());
+
+    let ports: Vec<u16> = (0..PROCESSES)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port())
+        .collect();
+    let fleet = Arc::new(Fleet { db: db.clone(), channel, ports: ports.clone(), children: Mutex::new(Vec::new()) });
+    let client = reqwest::Client::builder().timeout(Duration::from_secs(10)).build().unwrap();
+    {
+        let mut children = fleet.children.lock().await;
+        for (i, port) in ports.iter().enumerate() {
+            children.push(fleet.spawn(*port));
+            if i == 0 {
+                // The first process migrates alone; the others find the schema ready.
+                fleet.wait_up(&client, 0).await;
+            }
+        }
+    }
+    for i in 0..PROCESSES {
+        fleet.wait_up(&client, i).await;
+    }
+
+    let tally = Arc::new(Tally::default());
+    let stop = Arc::new(AtomicBool::new(false));
+    let deadline = Instant::now() + Duration::from_secs(secs);
+
+    let killer = {
+        let (fleet, tally, stop, client) = (fleet.clone(), tally.clone(), stop.clone(), client.clone());
+        tokio::spawn(async move {
+            let mut n = 0usize;
+            while !stop.load(Ordering::Relaxed) {
+                tokio::time::sleep(kill_every).await;
+                if stop.load(Ordering::Relaxed) {
+                    break;
+                }
+                n += 1;
+                let victim = (n * 7 + 1) % PROCESSES;
+                {
+                    let mut children = fleet.children.lock().await;
+                    let _ = children[victim].kill();
+                    let _ = children[victim].wait();
+                    children[victim] = fleet.spawn(fleet.ports[victim]);
+                }
+                tally.kills.fetch_add(1, Ordering::Relaxed);
+                fleet.wait_up(&client, victim).await;
+            }
+        })
+    };
+
+    let next = Arc::new(AtomicU64::new(0));
+    let mut clients = Vec::new();
+    for _ in 0..CLIENTS {
+        let (fleet, tally, client, next) = (fleet.clone(), tally.clone(), client.clone(), next.clone());
+        clients.push(tokio::spawn(async move {
+            while Instant::now() < deadline {
+                let job = next.fetch_add(1, Ordering::Relaxed);
+                if job >= max_payments {
+                    break;
+                }
+                let order = format!("chaos-{job}");
+                let Some(token) = setup_payment(&fleet, &client, &order, job).await else {
+                    tally.violations.lock().await.push(format!("could not set up payment {job}"));
+                    continue;
+                };
+                let copies = if job % 3 == 0 { 3 } else { 1 };
+                tally.requests.fetch_add(copies, Ordering::Relaxed);
+                tally.duplicates.fetch_add(copies - 1, Ordering::Relaxed);
+                let sends = (0..copies).map(|c| pay_until_final(&fleet, &client, &tally, &token, &order, job + c));
+                futures_join_all(sends).await;
+            }
+        }));
+    }
+    for c in clients {
+        c.await.unwrap();
+    }
+    stop.store(true, Ordering::Relaxed);
+    killer.await.unwrap();
+    for i in 0..PROCESSES {
+        fleet.wait_up(&client, i).await;
+    }
+
+    // Recovery: every workflow reaches a final state.
+    let store = PgStore::connect(&db, 2).await.unwrap();
+    let pool = onceflow_engine::Store::pool(&store).clone();
+    let started = Instant::now();
+    loop {
+        let open: i64 = sqlx::query_scalar("SELECT count(*) FROM workflows WHERE state IN ('running', 'compensating')")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        if open == 0 {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(60), "{open} workflows still open after 60 s");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    let mut violations = tally.violations.lock().await.clone();
+    // Every duplicate got the same answer as its original: the one stored with the token.
+    let answers = tally.answers.lock().await.clone();
+    for (token, got) in &answers {
+        let stored: Option<(i32, String)> =
+            sqlx::query_as("SELECT response_status, response_body FROM idempotency_tokens WHERE token = $1")
+                .bind(token)
+                .fetch_optional(&pool)
+                .await
+                .unwrap()
+                .and_then(|(s, b): (Option<i32>, Option<String>)| Some((s?, b?)));
+        let Some((status, body)) = stored else {
+            violations.push(format!("token {token}: answered {got:?} but stored nothing"));
+            continue;
+        };
+        for (s, b) in got {
+            if i32::from(*s) != status || *b != body {
+                violations.push(format!("token {token}: answered {s} {b}, stored {status} {body}"));
+            }
+        }
+    }
+    let in_use: i64 = sqlx::query_scalar("SELECT count(*) FROM idempotency_tokens WHERE state = 'in_use'")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    if in_use > 0 {
+        violations.push(format!("{in_use} tokens left in_use"));
+    }
+    let snapshot = ledger.ledger();
+    violations.extend(check_invariants(&store, &snapshot).await.unwrap().into_iter().map(|v| v.0));
+
+    {
+        let mut children = fleet.children.lock().await;
+        for child in children.iter_mut() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+    let charged = snapshot.charges.iter().filter(|c| c.status == onceflow_payments::ChargeStatus::Succeeded).count();
+    let declined = snapshot.charges.iter().filter(|c| c.status == onceflow_payments::ChargeStatus::Declined).count();
+    println!(
+        "chaos: {secs} s, {} payments, {} requests ({} duplicates, {} retries), {} kills, {} charge calls, \
+         {charged} succeeded charges, {declined} declined, {} refunds, {} violations",
+        answers.len(),
+        tally.requests.load(Ordering::Relaxed),
+        tally.duplicates.load(Ordering::Relaxed),
+        tally.retries.load(Ordering::Relaxed),
+        tally.kills.load(Ordering::Relaxed),
+        snapshot.charge_calls,
+        snapshot.refunds.len(),
+        violations.len(),
+    );
+    assert!(violations.is_empty(), "violations:\n{}", violations.join("\n"));
+    assert!(tally.kills.load(Ordering::Relaxed) > 0, "the run killed nothing");
+}
+
+/// Waits for every future (a few, so sequential polling through a join set is plenty).
+async fn futures_join_all<F: std::future::Future<Output = ()>>(futures: impl Iterator<Item = F>) {
+    let futures: Vec<_> = futures.map(Box::pin).collect();
+    let mut pending = futures;
+    std::future::poll_fn(move |cx| {
+        pending.retain_mut(|f| f.as_mut().poll(cx).is_pending());
+        if pending.is_empty() { std::task::Poll::Ready(()) } else { std::task::Poll::Pending }
+    })
+    .await;
+}
