@@ -29,7 +29,9 @@ impl PgStore {
         let options = PgConnectOptions::from_str(url)?;
         let pool = PgPoolOptions::new()
             .max_connections(max_connections)
-            .acquire_timeout(Duration::from_secs(5))
+            // With the database gone, sqlx keeps reconnecting until this timeout: a short one answers
+            // `503` fast instead of holding requests (and doubles as load shedding when the pool is exhausted).
+            .acquire_timeout(Duration::from_secs(2))
             .connect_with(options)
             .await?;
         Ok(Self { pool })

@@ -1,0 +1,149 @@
+//! The database goes away under load: requests fail fast with `503 unavailable` and `Retry-After` (no hang,
+//! no 500), the process stays up, and once Postgres is back the in-flight payments finish with the invariants
+//! intact. This test stops and starts the machine's Postgres cluster, so it lives alone in its test binary
+//! (cargo runs test binaries one after another).
+
+mod common;
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use onceflow_engine::PgStore;
+use onceflow_payments::{MockChannel, MockChannelConfig, check_invariants, mock_channel_router};
+use serde_json::json;
+
+const ONCEFLOW: &str = env!("CARGO_BIN_EXE_onceflow");
+
+fn cluster() -> Option<String> {
+    let version = std::fs::read_dir("/etc/postgresql").ok()?.next()?.ok()?.file_name().into_string().ok()?;
+    Command::new("pg_ctlcluster").arg("--help").stdout(Stdio::null()).stderr(Stdio::null()).status().ok()?;
+    Some(version)
+}
+
+fn pg(action: &str, version: &str) {
+    let status = Command::new("pg_ctlcluster")
+        .args(["--skip-systemctl-redirect", version, "main", action, "-m", "fast"])
+        .status()
+        .expect("pg_ctlcluster");
+    assert!(status.success() || action == "start", "pg_ctlcluster {action} failed");
+}
+
+fn wait_pg_ready() {
+    let started = Instant::now();
+    while !Command::new("pg_isready").args(["-h", "127.0.0.1", "-q"]).status().is_ok_and(|s| s.success()) {
+        assert!(started.elapsed() < Duration::from_secs(60), "Postgres did not come back");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Starts Postgres again whatever happens to the test.
+struct Restart(String);
+
+impl Drop for Restart {
+    fn drop(&mut self) {
+        pg("start", &self.0);
+        wait_pg_ready();
+    }
+}
+
+struct Serve(Child);
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_outage_is_503_then_everything_finishes() {
+    let Some(db) = common::database("postgres").await else {
+        eprintln!("skipped: DATABASE_URL is not set");
+        return;
+    };
+    let Some(version) = cluster() else {
+        eprintln!("skipped: no local Postgres cluster to stop");
+        return;
+    };
+    let ledger = MockChannel::new(MockChannelConfig { latency_ms: 1500, ..Default::default() });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let channel = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(axum::serve(listener, mock_channel_router(ledger.clone())).into_future());
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let base = format!("http://127.0.0.1:{port}");
+    let serve = Serve(
+        Command::new(ONCEFLOW)
+            .args(["serve", "--database-url", &db, "--listen", &format!("127.0.0.1:{port}")])
+            .args(["--channel-url", &channel, "--lease-ms", "1000"])
+            .env("RUST_LOG", "error")
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let client = reqwest::Client::builder().timeout(Duration::from_secs(30)).build().unwrap();
+    let started = Instant::now();
+    while client.get(format!("{base}/readyz")).send().await.map(|r| r.status().as_u16()).unwrap_or(0) != 200 {
+        assert!(started.elapsed() < Duration::from_secs(30));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // Payments in flight: their channel calls take 1.5 s.
+    let mut tokens = Vec::new();
+    for i in 0..5 {
+        let order = json!({"order_no": format!("O-{i}"), "amount": 1000, "currency": "CNY"});
+        client.post(format!("{base}/v1/orders")).json(&order).send().await.unwrap();
+        let token: serde_json::Value =
+            client.post(format!("{base}/v1/tokens")).send().await.unwrap().json().await.unwrap();
+        let token = token["token"].as_str().unwrap().to_owned();
+        let r = client
+            .post(format!("{base}/v1/payments"))
+            .header("idempotency-key", &token)
+            .header("prefer", "wait=0")
+            .json(&order)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 202);
+        tokens.push((token, order));
+    }
+
+    let restart = Restart(version.clone());
+    pg("stop", &version);
+    let asked = Instant::now();
+    for path in ["/v1/tokens", "/v1/payments"] {
+        let r = client
+            .post(format!("{base}{path}"))
+            .header("idempotency-key", &tokens[0].0)
+            .json(&tokens[0].1)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 503, "{path}");
+        assert_eq!(r.headers().get("retry-after").and_then(|v| v.to_str().ok()), Some("1"));
+        let body: serde_json::Value = r.json().await.unwrap();
+        assert_eq!(body["code"], "unavailable");
+    }
+    assert!(asked.elapsed() < Duration::from_secs(10), "answered fast: {:?}", asked.elapsed());
+    assert_eq!(client.get(format!("{base}/healthz")).send().await.unwrap().status(), 200, "the process stays up");
+    assert_eq!(client.get(format!("{base}/readyz")).send().await.unwrap().status(), 503);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    drop(restart);
+
+    // Back: every in-flight payment finishes, once.
+    for (token, order) in &tokens {
+        let r = client
+            .post(format!("{base}/v1/payments"))
+            .header("idempotency-key", token)
+            .header("prefer", "wait=20")
+            .json(order)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 201, "{}", r.text().await.unwrap_or_default());
+    }
+    let store = PgStore::connect(&db, 2).await.unwrap();
+    let violations = check_invariants(&store, &ledger.ledger()).await.unwrap();
+    assert!(violations.is_empty(), "{violations:?}");
+    assert_eq!(ledger.ledger().charges.len(), 5);
+    drop(serve);
+}
