@@ -46,11 +46,15 @@ pub struct LegacyPaid {
     pub status: String,
 }
 
-/// The original service's error answer.
+/// The original service's error answer: a problem (RFC 9457) that also carries `message`.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct LegacyError {
-    /// What went wrong.
+    /// What went wrong (the original service's field; equals `detail`).
     pub message: String,
+    /// Stable, machine-readable code, as on `/v1/payments`.
+    pub code: String,
+    /// HTTP status.
+    pub status: u16,
 }
 
 /// Issues a token (original design).
@@ -63,8 +67,8 @@ pub async fn legacy_token(
     Ok(Json(LegacyToken { token: state.backend.issue_token(&tenant).await?.token }))
 }
 
-/// Pays an order (original design): `200 {"order_no", "request_no", "status": "PAID"}`, errors as
-/// `{"message"}` with the same status as `/v1/payments`.
+/// Pays an order (original design): `200 {"order_no", "request_no", "status": "PAID"}`; errors carry the
+/// original `{"message"}` inside a problem+json body, with the same status and code as `/v1/payments`.
 #[utoipa::path(post, path = "/pay", request_body = LegacyPay, tag = "original design",
     responses(
         (status = 200, description = "Paid", body = LegacyPaid),
@@ -82,7 +86,9 @@ pub async fn legacy_pay(
 ) -> Result<Response, ApiError> {
     let token = token_of(&HeaderMap::new(), Some(&body.token))?;
     let Some(order) = state.backend.order(&tenant, &body.order_no).await? else {
-        return Ok(legacy_error(StatusCode::NOT_FOUND, "order not found"));
+        let detail = format!("order {} does not exist", body.order_no);
+        let problem = onceflow_payments::problem(404, "order_not_found", "Order not found", &detail);
+        return Ok(legacy_error(StatusCode::NOT_FOUND, &problem));
     };
     let request = PayRequest {
         order_no: body.order_no,
@@ -102,15 +108,19 @@ pub async fn legacy_pay(
         }
         status => {
             let code = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-            let message = v1.get("detail").and_then(|d| d.as_str()).unwrap_or("request failed");
-            return Ok(with_replay(legacy_error(code, message), answer.replayed));
+            return Ok(with_replay(legacy_error(code, &answer.body), answer.replayed));
         }
     };
     Ok(with_replay(response, answer.replayed))
 }
 
-fn legacy_error(status: StatusCode, message: &str) -> Response {
-    (status, Json(json!({ "message": message }))).into_response()
+/// The original service's `{"message"}` error, kept as a member of a problem+json body (RFC 9457 allows
+/// extension members), so old clients and problem-aware ones both read it.
+fn legacy_error(status: StatusCode, problem_body: &str) -> Response {
+    let mut problem: serde_json::Value = serde_json::from_str(problem_body).unwrap_or_else(|_| json!({}));
+    let message = problem.get("detail").and_then(|d| d.as_str()).unwrap_or("request failed").to_owned();
+    problem["message"] = json!(message);
+    crate::error::json_response(status, problem.to_string(), true)
 }
 
 fn with_replay(mut response: Response, replayed: bool) -> Response {
