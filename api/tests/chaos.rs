@@ -1,4 +1,4 @@
-//! The chaos run: three `onceflow serve` processes on one Postgres, a mock channel with every fault on, a load
+//! The chaos run: three `onceflow serve` processes and one `onceflow worker` on one Postgres, a mock channel with every fault on, a load
 //! client sending payments (a third of them duplicated, concurrently, under the same token) to random
 //! processes, and a killer that SIGKILLs a random process every few seconds and restarts it. Afterwards it
 //! waits for recovery and checks, from the channel's ledger and the database: at most one kept charge per
@@ -20,6 +20,7 @@ use serde_json::json;
 use tokio::sync::Mutex;
 
 const ONCEFLOW: &str = env!("CARGO_BIN_EXE_onceflow");
+/// `serve` processes taking requests; one `worker` process more only recovers.
 const PROCESSES: usize = 3;
 const CLIENTS: u64 = 8;
 
@@ -35,9 +36,12 @@ struct Fleet {
 }
 
 impl Fleet {
-    fn spawn(&self, port: u16) -> Child {
+    /// Starts process `i`: a `serve` on its port, or (past the servers) the `worker`.
+    fn spawn(&self, i: usize) -> Child {
+        let command = if i < PROCESSES { "serve" } else { "worker" };
+        let port = self.ports.get(i).copied().unwrap_or(0);
         Command::new(ONCEFLOW)
-            .arg("serve")
+            .arg(command)
             .args(["--database-url", &self.db, "--listen", &format!("127.0.0.1:{port}")])
             .args(["--channel-url", &self.channel, "--channel-timeout-ms", "400"])
             .args(["--lease-ms", "1000", "--wait-ms", "2000"])
@@ -173,8 +177,8 @@ async fn chaos_nothing_lost_nothing_charged_twice() {
     let client = reqwest::Client::builder().timeout(Duration::from_secs(10)).build().unwrap();
     {
         let mut children = fleet.children.lock().await;
-        for (i, port) in ports.iter().enumerate() {
-            children.push(fleet.spawn(*port));
+        for i in 0..=PROCESSES {
+            children.push(fleet.spawn(i));
             if i == 0 {
                 // The first process migrates alone; the others find the schema ready.
                 fleet.wait_up(&client, 0).await;
@@ -199,15 +203,17 @@ async fn chaos_nothing_lost_nothing_charged_twice() {
                     break;
                 }
                 n += 1;
-                let victim = (n * 7 + 1) % PROCESSES;
+                let victim = (n * 7 + 1) % (PROCESSES + 1);
                 {
                     let mut children = fleet.children.lock().await;
                     let _ = children[victim].kill();
                     let _ = children[victim].wait();
-                    children[victim] = fleet.spawn(fleet.ports[victim]);
+                    children[victim] = fleet.spawn(victim);
                 }
                 tally.kills.fetch_add(1, Ordering::Relaxed);
-                fleet.wait_up(&client, victim).await;
+                if victim < PROCESSES {
+                    fleet.wait_up(&client, victim).await;
+                }
             }
         })
     };
