@@ -26,6 +26,7 @@ use crate::workflow::BoxFuture;
 pub struct WorkflowContext<S: Store> {
     core: Arc<Core<S>>,
     workflow_id: String,
+    input: String,
     epoch: i64,
     /// The workflow row, while it is not yet in the database: it is inserted by the first commit.
     insert: Option<WorkflowRecord>,
@@ -55,6 +56,7 @@ impl<S: Store> WorkflowContext<S> {
         Self {
             core,
             workflow_id: record.workflow_id.clone(),
+            input: record.input.clone(),
             epoch: record.lease_epoch,
             insert: insert.then(|| record.clone()),
             inserted_in_tx: false,
@@ -68,6 +70,12 @@ impl<S: Store> WorkflowContext<S> {
             tx_attempts: HashMap::new(),
             first_commit,
         }
+    }
+
+    /// The workflow's input, decoded (compensations read it here rather than storing copies of it).
+    pub fn input<T: DeserializeOwned>(&self) -> Result<T, Interrupt> {
+        serde_json::from_str(&self.input)
+            .map_err(|e| Interrupt::Failed(Failure::new("invalid_input", format!("stored input does not decode: {e}"))))
     }
 
     /// The id of the running workflow.
@@ -355,8 +363,14 @@ impl<S: Store> WorkflowContext<S> {
             return Err(Interrupt::LeaseLost);
         };
         // From here an early return drops (rolls back) the transaction, and with it any insert it made.
-        self.inserted_in_tx = false;
-        let fence = Some(Fence { workflow_id: &id, epoch, update: &update, now });
+        let inserted_here = std::mem::take(&mut self.inserted_in_tx);
+        // A row this very transaction inserted already carries our epoch: with nothing to change on it, the
+        // fence would only write a second version of it.
+        let unchanged = update.state.is_none()
+            && update.output.is_none()
+            && update.error.is_none()
+            && update.release_until.is_none();
+        let fence = (!(inserted_here && unchanged)).then_some(Fence { workflow_id: &id, epoch, update: &update, now });
         let checkpoint = Checkpoint { steps: &self.pending_steps, compensations: &self.pending_comps, fence };
         let Some(notify) = store.persist(&mut tx, &checkpoint).await? else {
             return Err(Interrupt::LeaseLost);

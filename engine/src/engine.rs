@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 use sha2::{Digest, Sha256};
-use tokio::sync::{OnceCell, broadcast, oneshot};
+use tokio::sync::{OnceCell, oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -51,10 +51,13 @@ impl Default for EngineConfig {
     }
 }
 
-#[derive(Clone)]
-pub(crate) struct Finished {
-    workflow_id: Arc<str>,
-    outcome: Option<Arc<Outcome>>,
+/// What a waiter hears: `Some(outcome)` from this process, `None` for "ended elsewhere, read it".
+type Heard = Option<Option<Arc<Outcome>>>;
+
+/// The waiters of one workflow, woken together when it ends.
+struct Waiters {
+    tx: watch::Sender<Heard>,
+    count: usize,
 }
 
 /// What every running workflow of one engine shares.
@@ -67,7 +70,7 @@ pub(crate) struct Core<S: Store> {
     registry: HashMap<&'static str, Arc<dyn ErasedWorkflow<S>>>,
     /// Workflows this process is running now, with their input hashes.
     running: Mutex<HashMap<String, String>>,
-    finished: broadcast::Sender<Finished>,
+    waiters: Mutex<HashMap<String, Waiters>>,
     listener: OnceCell<()>,
 }
 
@@ -84,8 +87,39 @@ impl<S: Store> Core<S> {
         self.running().remove(workflow_id);
     }
 
+    /// Wakes the waiters of `workflow_id` (only them).
     pub(crate) fn announce(&self, workflow_id: &str, outcome: Option<Arc<Outcome>>) {
-        let _ = self.finished.send(Finished { workflow_id: workflow_id.into(), outcome });
+        let waiters = self.waiters.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(w) = waiters.get(workflow_id) {
+            w.tx.send_replace(Some(outcome));
+        }
+    }
+
+    fn subscribe(self: &Arc<Self>, workflow_id: &str) -> Subscription<S> {
+        let mut waiters = self.waiters.lock().unwrap_or_else(PoisonError::into_inner);
+        let entry =
+            waiters.entry(workflow_id.to_owned()).or_insert_with(|| Waiters { tx: watch::Sender::new(None), count: 0 });
+        entry.count += 1;
+        Subscription { core: self.clone(), workflow_id: workflow_id.to_owned(), rx: entry.tx.subscribe() }
+    }
+}
+
+/// One waiter's registration; dropping it forgets the waiter.
+struct Subscription<S: Store> {
+    core: Arc<Core<S>>,
+    workflow_id: String,
+    rx: watch::Receiver<Heard>,
+}
+
+impl<S: Store> Drop for Subscription<S> {
+    fn drop(&mut self) {
+        let mut waiters = self.core.waiters.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(w) = waiters.get_mut(&self.workflow_id) {
+            w.count -= 1;
+            if w.count == 0 {
+                waiters.remove(&self.workflow_id);
+            }
+        }
     }
 }
 
@@ -118,7 +152,6 @@ impl<S: Store> EngineBuilder<S> {
 
     /// The engine. Nothing runs in the background until [`Engine::spawn_background`].
     pub fn build(self) -> Engine<S> {
-        let (finished, _) = broadcast::channel(4096);
         Engine {
             core: Arc::new(Core {
                 store: self.store,
@@ -128,7 +161,7 @@ impl<S: Store> EngineBuilder<S> {
                 owner: uuid::Uuid::new_v4().to_string(),
                 registry: self.registry,
                 running: Mutex::new(HashMap::new()),
-                finished,
+                waiters: Mutex::new(HashMap::new()),
                 listener: OnceCell::new(),
             }),
         }
@@ -255,7 +288,7 @@ impl<S: Store> Engine<S> {
     /// notification, Postgres `NOTIFY` from other processes, and polling as the source of truth.
     pub async fn wait(&self, workflow_id: &str, timeout: Duration) -> Result<Option<Outcome>> {
         let deadline = Instant::now() + timeout;
-        let mut finished = self.core.finished.subscribe();
+        let mut subscription = self.core.subscribe(workflow_id);
         let mut asked_remote = false;
         loop {
             let here = self.core.running().contains_key(workflow_id);
@@ -280,18 +313,10 @@ impl<S: Store> Engine<S> {
                 return Ok(None);
             }
             let slice = (deadline - now).min(self.core.config.poll_interval);
-            let heard = tokio::time::timeout(slice, async {
-                loop {
-                    match finished.recv().await {
-                        Ok(f) if &*f.workflow_id == workflow_id => return f.outcome,
-                        Ok(_) => {}
-                        Err(broadcast::error::RecvError::Lagged(_)) => return None,
-                        Err(broadcast::error::RecvError::Closed) => std::future::pending::<()>().await,
-                    }
-                }
-            })
-            .await;
-            if let Ok(Some(outcome)) = heard {
+            let heard = tokio::time::timeout(slice, subscription.rx.changed()).await;
+            if let Ok(Ok(())) = heard
+                && let Some(Some(outcome)) = subscription.rx.borrow_and_update().clone()
+            {
                 return Ok(Some((*outcome).clone()));
             }
         }

@@ -111,7 +111,7 @@ impl<S: PaymentStore> Workflow<S> for PaymentSaga {
         let (token, tenant, fingerprint, route) =
             (i.token.clone(), i.tenant.clone(), i.fingerprint.clone(), i.route.clone());
         let claimed = ctx
-            .transactional(step("claim_token").compensate_with("store_response", i), move |c| {
+            .transactional(step("claim_token").compensate_with("store_response", ()), move |c| {
                 S::claim_token(c, token, tenant, fingerprint, route, now)
             })
             .await?;
@@ -135,7 +135,7 @@ impl<S: PaymentStore> Workflow<S> for PaymentSaga {
             updated_at: now,
         };
         let inserted = ctx
-            .transactional(step("insert_record").compensate_with("fail_record", i), move |c| {
+            .transactional(step("insert_record").compensate_with("fail_record", ()), move |c| {
                 S::insert_payment(c, record)
             })
             .await?;
@@ -146,7 +146,7 @@ impl<S: PaymentStore> Workflow<S> for PaymentSaga {
         let (tenant, order_no, currency) = (i.tenant.clone(), i.order_no.clone(), i.currency.clone());
         let amount = i.amount;
         let reserve = ctx
-            .transactional(step("reserve_status").compensate_with("release_order", i), move |c| {
+            .transactional(step("reserve_status").compensate_with("release_order", ()), move |c| {
                 S::reserve_order(c, tenant, order_no, amount, currency, now)
             })
             .await?;
@@ -176,7 +176,7 @@ impl<S: PaymentStore> Workflow<S> for PaymentSaga {
         };
         let channel = &self.channel;
         let outcome = ctx
-            .external(step("call_channel").retry(self.channel_retry).compensate_with("refund", i), |attempt| {
+            .external(step("call_channel").retry(self.channel_retry).compensate_with("refund", ()), |attempt| {
                 charge(channel.as_ref(), &request, attempt)
             })
             .await?;
@@ -237,8 +237,8 @@ impl<S: PaymentStore> Workflow<S> for PaymentSaga {
         compensation: &Compensation,
         failure: &Failure,
     ) -> Result<(), Interrupt> {
-        let i: PaymentInput = serde_json::from_value(compensation.input.clone())
-            .map_err(|e| Interrupt::Failed(Failure::new("invalid_compensation", e.to_string())))?;
+        // Compensations are registered without input: the workflow's own input says everything.
+        let i: PaymentInput = ctx.input()?;
         let now = ctx.now_ms();
         match compensation.name.as_str() {
             "refund" => {

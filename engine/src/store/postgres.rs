@@ -85,35 +85,35 @@ impl Store for PgStore {
         .await?)
     }
 
-    /// One statement: the step and compensation upserts ride as data-modifying CTEs of the fence.
+    /// One statement: the step and compensation upserts ride as data-modifying CTEs of the fence (or of the
+    /// last of them, without a fence).
     async fn persist(&self, conn: &mut Conn<Self>, checkpoint: &Checkpoint<'_>) -> Result<Option<bool>> {
-        let Some(fence) = &checkpoint.fence else {
-            self.write_steps(conn, checkpoint.steps).await?;
-            self.write_compensations(conn, checkpoint.compensations).await?;
-            return Ok(Some(false));
-        };
         let (steps, comps) = (checkpoint.steps, checkpoint.compensations);
-        let mut sql = String::from("WITH ");
+        let mut parts = Vec::new();
         let mut next = 1;
         if !steps.is_empty() {
-            sql.push_str("s AS (");
-            sql.push_str(&shared::upsert_steps_sql(steps.len(), next));
-            sql.push_str("), ");
+            parts.push(shared::upsert_steps_sql(steps.len(), next));
             next += steps.len() * 10;
         }
         if !comps.is_empty() {
-            sql.push_str("c AS (");
-            sql.push_str(&shared::upsert_compensations_sql(comps.len(), next));
-            sql.push_str("), ");
+            parts.push(shared::upsert_compensations_sql(comps.len(), next));
             next += comps.len() * 6;
         }
-        let sql = if next == 1 {
-            shared::fence_sql(1)
-        } else {
-            sql.truncate(sql.len() - 2);
-            sql.push(' ');
-            sql.push_str(&shared::fence_sql(next));
-            sql
+        if checkpoint.fence.is_some() {
+            parts.push(shared::fence_sql(next));
+        }
+        let Some(last) = parts.pop() else { return Ok(Some(false)) };
+        let mut sql = String::new();
+        for (i, part) in parts.iter().enumerate() {
+            sql.push_str(if i == 0 { "WITH " } else { ", " });
+            sql.push_str(&format!("w{i} AS ({part})"));
+        }
+        sql.push(' ');
+        sql.push_str(&last);
+        let Some(fence) = &checkpoint.fence else {
+            let q = sqlx::query(sqlx::AssertSqlSafe(sql));
+            shared::bind_compensations!(shared::bind_steps!(q, steps), comps).execute(&mut *conn).await?;
+            return Ok(Some(false));
         };
         let q = sqlx::query_scalar(sqlx::AssertSqlSafe(sql));
         let q = shared::bind_compensations!(shared::bind_steps!(q, steps), comps);
