@@ -37,7 +37,7 @@ pub(crate) const HEARTBEAT: &str = "UPDATE workflows SET lease_expires_at = $2 \
 pub(crate) const RELEASE: &str = "UPDATE workflows SET lease_owner = NULL, lease_expires_at = NULL, \
     next_attempt_at = $3, updated_at = $4 WHERE workflow_id = $1 AND lease_epoch = $2";
 pub(crate) const RELEASE_ALL: &str = "UPDATE workflows SET lease_owner = NULL, lease_expires_at = NULL, \
-    next_attempt_at = $2, updated_at = $2 WHERE lease_owner = $1";
+    next_attempt_at = $2, updated_at = $2 WHERE lease_owner = $1 AND state IN ('running', 'compensating')";
 pub(crate) const REQUEST_NOTIFY: &str = "UPDATE workflows SET notify = TRUE WHERE workflow_id = $1 RETURNING *";
 pub(crate) const LIST: &str = "SELECT * FROM workflows WHERE ($1 IS NULL OR state = $1) \
     AND ($2 IS NULL OR created_at < $2) ORDER BY created_at DESC, workflow_id LIMIT $3";
