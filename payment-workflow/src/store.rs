@@ -93,8 +93,6 @@ pub trait PaymentStore: Store {
         tenant: &str,
         order_no: &str,
     ) -> impl Future<Output = Result<Option<(TokenRecord, bool)>, sqlx::Error>> + Send;
-    /// One token.
-    fn token(&self, token: &str) -> impl Future<Output = Result<Option<TokenRecord>, sqlx::Error>> + Send;
     /// One payment record.
     fn payment(
         &self,
@@ -330,13 +328,6 @@ macro_rules! impl_payment_store {
                 .fetch_optional(self.pool())
                 .await?;
                 Ok(found.map(|f| (f.token, f.order_exists)))
-            }
-
-            async fn token(&self, token: &str) -> Result<Option<TokenRecord>, sqlx::Error> {
-                sqlx::query_as("SELECT * FROM idempotency_tokens WHERE token = $1")
-                    .bind(token)
-                    .fetch_optional(self.pool())
-                    .await
             }
 
             async fn payment(&self, tenant: &str, request_no: &str) -> Result<Option<PaymentRecord>, sqlx::Error> {
