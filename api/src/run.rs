@@ -73,7 +73,7 @@ async fn connect(args: &ServeArgs) -> Result<Backend, ConfigError> {
         None => Arc::new(MockChannel::reliable()),
     };
     let config = EngineConfig { lease: Duration::from_millis(args.lease_ms.max(100)), ..EngineConfig::default() };
-    Backend::connect(&args.database.database_url, channel, config, 20).await
+    Backend::connect(&args.database.database_url, channel, config, args.db_max_connections).await
 }
 
 async fn serve(args: ServeArgs, http: bool) -> Result<(), Failure> {
