@@ -335,7 +335,10 @@ async fn a_waiter_elsewhere_is_notified_on_postgres() {
         .config(EngineConfig { poll_interval: Duration::from_secs(60), ..EngineConfig::default() })
         .build();
     let wait = tokio::spawn(async move { waiter.wait("remote", Duration::from_secs(30)).await });
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    // The waiter listens before it flags the workflow: once the flag is set, a NOTIFY cannot be missed.
+    while !store.workflow("remote").await.unwrap().unwrap().notify {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     let started = std::time::Instant::now();
     hooks.resume.notify_one();
     let outcome = wait.await.unwrap().unwrap();
