@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use onceflow_engine::{
-    Engine, EngineConfig, Error, Interrupt, ManualClock, Outcome, Previous, RetryPolicy, StepError, Workflow,
+    Engine, EngineConfig, Error, Interrupt, ManualClock, Outcome, Previous, RetryPolicy, StepError, Store, Workflow,
     WorkflowContext, state, step, step_status,
 };
 use onceflow_tests::{Hooks, Steps, StepsInput, TestDb, on_both_backends};
