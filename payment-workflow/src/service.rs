@@ -220,14 +220,15 @@ impl<S: PaymentStore> Payments<S> {
             currency: request.currency.clone(),
             request_no: request_no.clone(),
         };
-        let handle = match self.engine.start::<PaymentSaga>(&payment_workflow_id(token), &input).await {
+        let workflow_id = payment_workflow_id(token);
+        let handle = match self.engine.start::<PaymentSaga>(&workflow_id, &input).await {
             Ok(handle) => handle,
             Err(onceflow_engine::Error::Conflict { .. }) => return Ok(mismatch()),
             Err(e) => return Err(e.into()),
         };
         let replayed = handle.attached() || stored.state != token_state::ISSUED;
         let outcome = handle.wait(wait).await?;
-        Ok(match outcome {
+        let response = match outcome {
             Some(Outcome::Completed(value)) => {
                 let response: StoredResponse =
                     serde_json::from_value(value).map_err(|e| Error::Unavailable(e.to_string()))?;
@@ -253,6 +254,8 @@ impl<S: PaymentStore> Payments<S> {
                 replayed: false,
                 location: Some(format!("/v1/payments/{request_no}")),
             },
-        })
+        };
+        tracing::info!(%workflow_id, %request_no, status = response.status, replayed, "payment answered");
+        Ok(response)
     }
 }
