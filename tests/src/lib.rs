@@ -21,6 +21,8 @@ pub trait TestDb: Store {
     fn create_effects(&self) -> impl Future<Output = anyhow::Result<()>> + Send;
     /// Records `what` for `workflow_id` inside a step's transaction.
     fn effect<'c>(conn: &'c mut Conn<Self>, workflow_id: String, what: String) -> BoxFuture<'c, Result<(), StepError>>;
+    /// Runs one statement with one text parameter (`$1`): for tests that reach past the API.
+    fn execute(&self, sql: &'static str, arg: &str) -> impl Future<Output = anyhow::Result<u64>> + Send;
     /// Another pool on the same database, as another process would have.
     fn another_pool(&self) -> impl Future<Output = anyhow::Result<Self>> + Send;
     /// The effects of `workflow_id`, in the order they committed.
@@ -34,6 +36,10 @@ macro_rules! impl_test_db {
             async fn another_pool(&self) -> anyhow::Result<Self> {
                 let options = (*self.pool().connect_options()).clone();
                 Ok($store::from_pool(<$pool>::connect_with(options).await?))
+            }
+
+            async fn execute(&self, sql: &'static str, arg: &str) -> anyhow::Result<u64> {
+                Ok(sqlx::query(sql).bind(arg).execute(self.pool()).await?.rows_affected())
             }
 
             async fn create_effects(&self) -> anyhow::Result<()> {

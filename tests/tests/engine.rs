@@ -345,3 +345,24 @@ async fn a_waiter_elsewhere_is_notified_on_postgres() {
     assert!(matches!(outcome, Some(Outcome::Completed(_))));
     assert!(started.elapsed() < Duration::from_secs(10), "woken by NOTIFY, not by the 60 s poll");
 }
+
+async fn shutdown_releases_leases_at_once<S: TestDb>(store: S) {
+    let clock = clock();
+    let hooks = Arc::new(Hooks::default());
+    let old = engine(store.another_pool().await.unwrap(), &clock, &hooks);
+    let mut reached = hooks.stop_at("e2").await;
+    old.start::<Steps>("shutdown", &input("x", false)).await.unwrap();
+    reached.recv().await.unwrap();
+    // e2 never returns here: the grace runs out and the lease is released anyway.
+    old.shutdown(Duration::from_millis(100)).await.unwrap();
+    let row = store.workflow("shutdown").await.unwrap().unwrap();
+    assert_eq!((row.state.as_str(), row.lease_owner.as_deref()), (state::RUNNING, None));
+    assert!(matches!(old.start::<Steps>("other", &input("x", false)).await, Err(Error::ShuttingDown)));
+    // Another process takes over without waiting for the lease to expire (the clock has not moved).
+    let next = engine(store.another_pool().await.unwrap(), &clock, &Arc::new(Hooks::default()));
+    assert_eq!(next.recover_once().await.unwrap(), 1);
+    assert!(matches!(next.wait("shutdown", WAIT).await.unwrap(), Some(Outcome::Completed(_))));
+    assert_eq!(store.effects("shutdown").await.unwrap(), ["a", "b", "c"]);
+}
+
+on_both_backends!(shutdown_releases_leases_at_once);

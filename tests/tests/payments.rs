@@ -106,6 +106,12 @@ async fn a_token_is_bound_to_its_request<S: TestDb + PaymentStore>(store: S) {
         (replay.status, json(&replay.body)["code"].as_str(), replay.replayed),
         (422, Some("amount_mismatch"), true)
     );
+    // An expired token is unknown.
+    let expired = p.issue_token(T).await.unwrap().token;
+    let updated = store.execute("UPDATE idempotency_tokens SET expires_at = 1 WHERE token = $1", &expired).await;
+    assert_eq!(updated.unwrap(), 1);
+    let r = p.pay(T, &expired, ROUTE, &request("O-4", 1000), WAIT).await.unwrap();
+    assert_eq!((r.status, json(&r.body)["code"].as_str()), (404, Some("token_not_found")));
     // Unknown token, another tenant's token, unknown order (not stored: the token stays usable).
     assert_eq!(p.pay(T, "tok_nope", ROUTE, &request("O-4", 1000), WAIT).await.unwrap().status, 404);
     let theirs = p.issue_token("other-tenant").await.unwrap().token;
