@@ -10,7 +10,9 @@ use tracing_subscriber::EnvFilter;
 async fn main() -> ExitCode {
     let cli = Cli::parse();
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn"));
-    let logs = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    // Colours only for a terminal: a log file or a collector gets plain text.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let logs = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
     match cli.log_format {
         LogFormat::Json => logs.json().init(),
         LogFormat::Text => logs.init(),

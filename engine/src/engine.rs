@@ -71,7 +71,8 @@ pub(crate) struct Core<S: Store> {
     /// Workflows this process is running now, with their input hashes.
     running: Mutex<HashMap<String, String>>,
     waiters: Mutex<HashMap<String, Waiters>>,
-    listener: OnceCell<()>,
+    /// Whether this store forwards other processes' notifications (decided once, by `Store::listen`).
+    listener: OnceCell<bool>,
 }
 
 impl<S: Store> Core<S> {
@@ -324,15 +325,17 @@ impl<S: Store> Engine<S> {
 
     /// Starts, once, the task that forwards other processes' notifications; whether this backend has them.
     async fn listen_remote(&self) -> bool {
-        if self.core.store.backend() != "postgres" {
-            return false;
-        }
         let core = self.core.clone();
-        self.core
+        *self
+            .core
             .listener
             .get_or_init(|| async move {
                 // Listen before the first wait goes on, so that no notification falls between the two.
-                let mut connected = Some(core.store.listen().await);
+                let first = match core.store.listen().await {
+                    Ok(None) => return false,
+                    first => first,
+                };
+                let mut connected = Some(first);
                 tokio::spawn(async move {
                     loop {
                         let listening = match connected.take() {
@@ -361,9 +364,9 @@ impl<S: Store> Engine<S> {
                         }
                     }
                 });
+                true
             })
-            .await;
-        true
+            .await
     }
 
     /// Claims due workflows (up to the free share of `max_concurrent`) and runs them. Returns how many.

@@ -50,7 +50,7 @@ async fn drive_until_stopped<S: Store>(
         let (steps, comps) = match history {
             Ok(h) => h,
             Err(e) => {
-                release_after_error(core, &record, e).await;
+                back_off(core, &record, &e, false).await;
                 return None;
             }
         };
@@ -93,10 +93,7 @@ async fn drive_until_stopped<S: Store>(
             Err(other) => {
                 ctx.abort_phase().await;
                 let e = interrupted(other);
-                tracing::warn!(workflow_id = %id, error = %e, "workflow run stopped; it will be retried");
-                if !insert {
-                    let _ = core.store.release(&id, record.lease_epoch, core.now() + 1000, core.now()).await;
-                }
+                back_off(core, &record, &e, insert).await;
                 signal(ctx.take_started(), Err(e));
                 return None;
             }
@@ -128,10 +125,14 @@ fn signal(started: Option<StartSignal>, result: Result<bool, Error>) {
     }
 }
 
-async fn release_after_error<S: Store>(core: &Core<S>, record: &WorkflowRecord, e: Error) {
-    tracing::warn!(workflow_id = %record.workflow_id, error = %e, "could not load the workflow's history");
-    let now = core.now();
-    let _ = core.store.release(&record.workflow_id, record.lease_epoch, now + 1000, now).await;
+/// After a database failure: logs it and, if the workflow is recorded, releases it to be retried in a second
+/// (by any process); if releasing fails too, the lease simply expires.
+async fn back_off<S: Store>(core: &Core<S>, record: &WorkflowRecord, e: &Error, unrecorded: bool) {
+    tracing::warn!(workflow_id = %record.workflow_id, error = %e, "workflow run stopped; it will be retried");
+    if !unrecorded {
+        let now = core.now();
+        let _ = core.store.release(&record.workflow_id, record.lease_epoch, now + 1000, now).await;
+    }
 }
 
 /// Runs the body (unless it already failed), then the compensations of a failure.
