@@ -3,20 +3,22 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use onceflow_engine::{EngineConfig, PgStore, SqliteStore, Store, WorkflowRecord, WorkflowView};
+use onceflow_engine::{EngineConfig, MySqlStore, PgStore, SqliteStore, Store, WorkflowRecord, WorkflowView};
 use onceflow_payments::{
     Channel, IssuedToken, Order, PayRequest, PayResponse, PaymentRecord, Payments, Result as PayResult,
 };
 
 use crate::config::ConfigError;
 
-/// The payment service on Postgres or SQLite.
+/// The payment service on Postgres, SQLite or MySQL.
 #[derive(Clone)]
 pub enum Backend {
     /// Production: many processes against one Postgres.
     Postgres(Payments<PgStore>),
     /// Embedded: one process.
     Sqlite(Payments<SqliteStore>),
+    /// Many processes against one MySQL 8 / MariaDB 10.6+.
+    MySql(Payments<MySqlStore>),
 }
 
 macro_rules! on_backend {
@@ -24,6 +26,7 @@ macro_rules! on_backend {
         match $self {
             Backend::Postgres($p) => $body,
             Backend::Sqlite($p) => $body,
+            Backend::MySql($p) => $body,
         }
     };
 }
@@ -45,8 +48,15 @@ impl Backend {
             let store = SqliteStore::connect(url).await.map_err(unreachable)?;
             store.migrate().await.map_err(unreachable)?;
             Ok(Self::Sqlite(Payments::new(store, channel, config)))
+        } else if url.starts_with("mysql://") || url.starts_with("mariadb://") {
+            let store = MySqlStore::connect(url, pool_size).await.map_err(unreachable)?;
+            store.migrate().await.map_err(unreachable)?;
+            Ok(Self::MySql(Payments::new(store, channel, config)))
         } else {
-            Err(ConfigError(format!("--database-url must start with postgres:// or sqlite:// (got `{}`)", redact(url))))
+            Err(ConfigError(format!(
+                "--database-url must start with postgres://, mysql:// or sqlite:// (got `{}`)",
+                redact(url)
+            )))
         }
     }
 

@@ -1,4 +1,4 @@
-//! The HTTP contract, against the real application on port 0, on SQLite and on Postgres.
+//! The HTTP contract, against the real application on port 0, on SQLite, Postgres and MySQL.
 
 mod common;
 
@@ -11,7 +11,7 @@ use onceflow_payments::{MockChannel, MockChannelConfig};
 use reqwest::Method;
 use serde_json::json;
 
-macro_rules! on_both_backends {
+macro_rules! on_every_backend {
     ($($name:ident),* $(,)?) => {$(
         mod $name {
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -23,6 +23,15 @@ macro_rules! on_both_backends {
             async fn postgres() {
                 let Some(url) = super::database("postgres").await else {
                     eprintln!("skipped: DATABASE_URL is not set");
+                    return;
+                };
+                super::$name(url).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn mysql() {
+                let Some(url) = super::database("mysql").await else {
+                    eprintln!("skipped: MYSQL_URL is not set");
                     return;
                 };
                 super::$name(url).await;
@@ -250,7 +259,7 @@ async fn five_hundred_requests_one_token(url: String) {
     assert_eq!(channel.ledger().charge_calls, 1);
 }
 
-on_both_backends!(
+on_every_backend!(
     every_row_of_the_payments_table,
     declines_and_slow_payments,
     tenants_see_only_their_own,

@@ -135,6 +135,15 @@ async fn killed_serve_finishes_the_payment_on_postgres() {
     killed_serve_finishes_the_payment(url).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_serve_finishes_the_payment_on_mysql() {
+    let Some(url) = database("mysql").await else {
+        eprintln!("skipped: MYSQL_URL is not set");
+        return;
+    };
+    killed_serve_finishes_the_payment(url).await;
+}
+
 #[tokio::test]
 async fn bad_configuration_is_one_line_and_exit_2() {
     for args in [

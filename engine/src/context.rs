@@ -10,7 +10,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::engine::{Core, StartSignal};
-use crate::error::{Failure, Interrupt, StepError};
+use crate::error::{Failure, Interrupt, StepError, TRANSIENT_RETRY_MS, is_transient};
 use crate::step::{Attempt, Previous, StepSpec};
 use crate::store::{
     Checkpoint, CompensationRecord, Conn, Fence, StepRecord, Store, Tx, WorkflowRecord, WorkflowUpdate,
@@ -133,6 +133,12 @@ impl<S: Store> WorkflowContext<S> {
                 self.abort_phase().await;
                 self.push_step(row(step_status::FAILED, None, Some(failure_json(&failure))));
                 Err(Interrupt::Failed(failure))
+            }
+            Err(StepError::Database(e)) if is_transient(&e) => {
+                // A deadlock or lock timeout: the database undid the phase; replaying it is not another attempt.
+                self.abort_phase().await;
+                tracing::debug!(step = %key, error = %e, "transient database error; replaying the phase");
+                Err(Interrupt::Retry { delay_ms: TRANSIENT_RETRY_MS })
             }
             Err(e @ (StepError::Retryable(_) | StepError::UnknownOutcome(_) | StepError::Database(_))) => {
                 self.abort_phase().await;

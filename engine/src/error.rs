@@ -150,6 +150,20 @@ pub enum Interrupt {
     Engine(#[from] Error),
 }
 
+/// The wait before replaying a phase undone by a transient database error (times the replays so far).
+pub(crate) const TRANSIENT_RETRY_MS: u64 = 10;
+
+/// Whether a database error only means "run the transaction again": a deadlock or a lock-wait timeout
+/// (MySQL 1213, 1205), a serialization failure or deadlock (Postgres 40001, 40P01), a busy SQLite database.
+/// The database rolled the transaction back (or the caller will), so nothing of it happened.
+pub fn is_transient(e: &sqlx::Error) -> bool {
+    let sqlx::Error::Database(db) = e else { return false };
+    if let Some(my) = db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
+        return matches!(my.number(), 1205 | 1213);
+    }
+    matches!(db.code().as_deref(), Some("40001" | "40P01" | "5" | "6" | "517"))
+}
+
 impl From<sqlx::Error> for Interrupt {
     fn from(e: sqlx::Error) -> Self {
         Self::Engine(Error::Database(e))

@@ -5,7 +5,7 @@
 //! exactly once and each external step is told when an earlier attempt may have had its effect. Workers hold
 //! workflows by leases with a fencing epoch checked by every commit; a recovery loop in any process resumes
 //! what a dead one left. Compensations registered before their forward steps run in reverse on failure.
-//! Stores exist for Postgres (many processes) and SQLite (embedded).
+//! Stores exist for Postgres (many processes), MySQL / MariaDB (many processes) and SQLite (embedded).
 //!
 //! ```no_run
 //! use onceflow_engine::{BoxFuture, Engine, Interrupt, SqliteStore, Store, Workflow, WorkflowContext};
@@ -55,12 +55,13 @@ mod workflow;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use context::WorkflowContext;
 pub use engine::{CANCELLED_CODE, Engine, EngineBuilder, EngineConfig, Handle, WorkflowView};
-pub use error::{Error, Failure, Interrupt, Result, StepError};
+pub use error::{Error, Failure, Interrupt, Result, StepError, is_transient};
 pub use outcome::Outcome;
 pub use retry::RetryPolicy;
 pub use step::{Attempt, Previous, StepSpec, step};
 pub use store::{
-    Checkpoint, CompensationRecord, Conn, Fence, Listener, POSTGRES_MIGRATOR, PgStore, Reopen, SQLITE_MIGRATOR,
-    SqliteStore, StepRecord, Store, Tx, WorkflowRecord, WorkflowUpdate, compensation_status, kind, state, step_status,
+    Checkpoint, CompensationRecord, Conn, Fence, Listener, MYSQL_MIGRATOR, MySqlStore, POSTGRES_MIGRATOR, PgStore,
+    Reopen, SQLITE_MIGRATOR, SqliteStore, StepRecord, Store, Tx, WorkflowRecord, WorkflowUpdate, compensation_status,
+    kind, state, step_status,
 };
 pub use workflow::{BoxFuture, Compensation, Workflow};

@@ -9,10 +9,13 @@ use serde_json::{Value, json};
 
 use crate::context::{WorkflowContext, failure_json, parse_failure};
 use crate::engine::{Core, StartSignal};
-use crate::error::{Error, Failure, Interrupt};
+use crate::error::{Error, Failure, Interrupt, TRANSIENT_RETRY_MS, is_transient};
 use crate::outcome::Outcome;
 use crate::store::{StepRecord, Store, WorkflowRecord, WorkflowUpdate, compensation_status, state};
 use crate::workflow::{Compensation, ErasedWorkflow};
+
+/// How many times in a row a commit failing with a transient error is replayed in place.
+const MAX_TRANSIENT_REPLAYS: u32 = 5;
 
 /// Runs `record` until it ends or stops, then tells waiters. `insert` is true for a fresh start whose row the
 /// first commit inserts.
@@ -41,6 +44,7 @@ async fn drive_until_stopped<S: Store>(
     let id = record.workflow_id.clone();
     let mut carried: Vec<StepRecord> = Vec::new();
     let mut attempts: HashMap<String, u32> = HashMap::new();
+    let mut transient = 0u32;
     loop {
         let history = if insert {
             Ok((Vec::new(), Vec::new()))
@@ -57,7 +61,17 @@ async fn drive_until_stopped<S: Store>(
         let mut ctx = WorkflowContext::new(core.clone(), &record, insert, steps, &comps, started.take());
         ctx.restore_pending(std::mem::take(&mut carried));
         ctx.set_attempts(std::mem::take(&mut attempts));
-        let result = run_once(&mut ctx, wf, &record).await;
+        let result = match run_once(&mut ctx, wf, &record).await {
+            // A commit that deadlocked or timed out on a lock did nothing: replay it, a few times, before
+            // treating the database as failing.
+            Err(Interrupt::Engine(Error::Database(e))) if is_transient(&e) && transient < MAX_TRANSIENT_REPLAYS => {
+                transient += 1;
+                tracing::debug!(workflow_id = %id, error = %e, "transient database error; replaying");
+                ctx.abort_phase().await;
+                Err(Interrupt::Retry { delay_ms: TRANSIENT_RETRY_MS * u64::from(transient) })
+            }
+            other => other,
+        };
         match result {
             Ok(outcome) => return Some(outcome),
             Err(Interrupt::Retry { delay_ms }) => {

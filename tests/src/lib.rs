@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use onceflow_engine::{
-    BoxFuture, Compensation, Conn, Failure, Interrupt, PgStore, Previous, RetryPolicy, SqliteStore, StepError, Store,
-    Workflow, WorkflowContext, step,
+    BoxFuture, Compensation, Conn, Failure, Interrupt, MySqlStore, PgStore, Previous, RetryPolicy, SqliteStore,
+    StepError, Store, Workflow, WorkflowContext, step,
 };
 use serde::{Deserialize, Serialize};
 use tokio::sync::{Mutex, mpsc};
@@ -21,17 +21,22 @@ pub trait TestDb: Store {
     fn create_effects(&self) -> impl Future<Output = anyhow::Result<()>> + Send;
     /// Records `what` for `workflow_id` inside a step's transaction.
     fn effect<'c>(conn: &'c mut Conn<Self>, workflow_id: String, what: String) -> BoxFuture<'c, Result<(), StepError>>;
-    /// Runs one statement with one text parameter (`$1`): for tests that reach past the API.
+    /// Runs one statement with one text parameter (written `$1`, on every backend): for tests that reach past
+    /// the API.
     fn execute(&self, sql: &'static str, arg: &str) -> impl Future<Output = anyhow::Result<u64>> + Send;
     /// Another pool on the same database, as another process would have.
     fn another_pool(&self) -> impl Future<Output = anyhow::Result<Self>> + Send;
+    /// Creates the `locks` table with rows 1 and 2, for tests that make transactions collide.
+    fn create_locks(&self) -> impl Future<Output = anyhow::Result<()>> + Send;
+    /// Increments `locks` row `id` inside a step's transaction, holding its row lock until the commit.
+    fn touch<'c>(conn: &'c mut Conn<Self>, id: i32) -> BoxFuture<'c, Result<(), StepError>>;
     /// The effects of `workflow_id`, in the order they committed.
     fn effects(&self, workflow_id: &str) -> impl Future<Output = anyhow::Result<Vec<String>>> + Send;
 }
 
-/// The same business SQL on every backend; only the table's id column differs.
+/// The same business SQL on every backend; only the table's id column and the parameter style differ.
 macro_rules! impl_test_db {
-    ($store:ident, $pool:ty, $id_column:literal) => {
+    ($store:ident, $pool:ty, $id_column:literal, $p1:literal, $p2:literal) => {
         impl TestDb for $store {
             async fn another_pool(&self) -> anyhow::Result<Self> {
                 let options = (*self.pool().connect_options()).clone();
@@ -39,6 +44,7 @@ macro_rules! impl_test_db {
             }
 
             async fn execute(&self, sql: &'static str, arg: &str) -> anyhow::Result<u64> {
+                let sql = sqlx::AssertSqlSafe(sql.replace("$1", $p1));
                 Ok(sqlx::query(sql).bind(arg).execute(self.pool()).await?.rows_affected())
             }
 
@@ -59,7 +65,7 @@ macro_rules! impl_test_db {
                 what: String,
             ) -> BoxFuture<'c, Result<(), StepError>> {
                 Box::pin(async move {
-                    sqlx::query("INSERT INTO effects (workflow_id, what) VALUES ($1, $2)")
+                    sqlx::query(concat!("INSERT INTO effects (workflow_id, what) VALUES (", $p1, ", ", $p2, ")"))
                         .bind(workflow_id)
                         .bind(what)
                         .execute(conn)
@@ -68,8 +74,23 @@ macro_rules! impl_test_db {
                 })
             }
 
+            async fn create_locks(&self) -> anyhow::Result<()> {
+                sqlx::query("CREATE TABLE locks (id INTEGER PRIMARY KEY, n INTEGER NOT NULL)")
+                    .execute(self.pool())
+                    .await?;
+                sqlx::query("INSERT INTO locks (id, n) VALUES (1, 0), (2, 0)").execute(self.pool()).await?;
+                Ok(())
+            }
+
+            fn touch<'c>(conn: &'c mut Conn<Self>, id: i32) -> BoxFuture<'c, Result<(), StepError>> {
+                Box::pin(async move {
+                    sqlx::query(concat!("UPDATE locks SET n = n + 1 WHERE id = ", $p1)).bind(id).execute(conn).await?;
+                    Ok(())
+                })
+            }
+
             async fn effects(&self, workflow_id: &str) -> anyhow::Result<Vec<String>> {
-                Ok(sqlx::query_scalar("SELECT what FROM effects WHERE workflow_id = $1 ORDER BY id")
+                Ok(sqlx::query_scalar(concat!("SELECT what FROM effects WHERE workflow_id = ", $p1, " ORDER BY id"))
                     .bind(workflow_id)
                     .fetch_all(self.pool())
                     .await?)
@@ -78,8 +99,9 @@ macro_rules! impl_test_db {
     };
 }
 
-impl_test_db!(SqliteStore, sqlx::SqlitePool, "INTEGER PRIMARY KEY AUTOINCREMENT");
-impl_test_db!(PgStore, sqlx::PgPool, "BIGSERIAL PRIMARY KEY");
+impl_test_db!(SqliteStore, sqlx::SqlitePool, "INTEGER PRIMARY KEY AUTOINCREMENT", "$1", "$2");
+impl_test_db!(PgStore, sqlx::PgPool, "BIGSERIAL PRIMARY KEY", "$1", "$2");
+impl_test_db!(MySqlStore, sqlx::MySqlPool, "BIGINT AUTO_INCREMENT PRIMARY KEY", "?", "?");
 
 /// A fresh, migrated SQLite database in a temporary file.
 pub async fn sqlite_store() -> anyhow::Result<SqliteStore> {
@@ -99,17 +121,46 @@ pub async fn pg_url() -> anyhow::Result<Option<String>> {
     let admin = PgStore::connect(&base, 1).await?;
     sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}"))).execute(admin.pool()).await?;
     admin.pool().close().await;
-    let url = match base.rsplit_once('/') {
-        Some((server, _db)) if server.contains("://") && !server.ends_with('/') => {
-            format!("{server}/{name}")
-        }
-        _ => anyhow::bail!("DATABASE_URL must end with /database: {base}"),
-    };
+    let url = with_database(&base, &name, "DATABASE_URL")?;
     let store = PgStore::connect(&url, 4).await?;
     store.migrate().await?;
     store.create_effects().await?;
     store.pool().close().await;
     Ok(Some(url))
+}
+
+/// A URL of a fresh, migrated MySQL / MariaDB database, created on the server of `MYSQL_URL`; `None` when it
+/// is not set.
+pub async fn mysql_url() -> anyhow::Result<Option<String>> {
+    let Ok(base) = std::env::var("MYSQL_URL") else {
+        return Ok(None);
+    };
+    let name = format!("onceflow_test_{}", uuid::Uuid::new_v4().simple());
+    let admin = MySqlStore::connect(&base, 1).await?;
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}"))).execute(admin.pool()).await?;
+    admin.pool().close().await;
+    let url = with_database(&base, &name, "MYSQL_URL")?;
+    let store = MySqlStore::connect(&url, 4).await?;
+    store.migrate().await?;
+    store.create_effects().await?;
+    store.pool().close().await;
+    Ok(Some(url))
+}
+
+/// A fresh, migrated MySQL / MariaDB database from `MYSQL_URL`; `None` when it is not set.
+pub async fn mysql_store() -> anyhow::Result<Option<MySqlStore>> {
+    match mysql_url().await? {
+        Some(url) => Ok(Some(MySqlStore::connect(&url, 16).await?)),
+        None => Ok(None),
+    }
+}
+
+/// `base` (`scheme://server/database`) naming database `name` instead.
+fn with_database(base: &str, name: &str, var: &str) -> anyhow::Result<String> {
+    match base.rsplit_once('/') {
+        Some((server, _db)) if server.contains("://") && !server.ends_with('/') => Ok(format!("{server}/{name}")),
+        _ => anyhow::bail!("{var} must end with /database: {base}"),
+    }
 }
 
 /// A fresh, migrated Postgres database from `DATABASE_URL`; `None` when it is not set.
@@ -120,10 +171,10 @@ pub async fn pg_store() -> anyhow::Result<Option<PgStore>> {
     }
 }
 
-/// Generates `NAME::sqlite` and `NAME::postgres` tests from `async fn NAME<S: TestDb>(store: S, fresh)`,
-/// where `fresh` makes another handle on the same database (another "process").
+/// Generates `NAME::sqlite`, `NAME::postgres` and `NAME::mysql` tests from `async fn NAME<S: TestDb>(store: S)`.
+/// Postgres runs when `DATABASE_URL` is set, MySQL when `MYSQL_URL` is.
 #[macro_export]
-macro_rules! on_both_backends {
+macro_rules! on_every_backend {
     ($($name:ident),* $(,)?) => {$(
         mod $name {
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -136,6 +187,15 @@ macro_rules! on_both_backends {
             async fn postgres() {
                 let Some(store) = onceflow_tests::pg_store().await.expect("postgres store") else {
                     eprintln!("skipped: DATABASE_URL is not set");
+                    return;
+                };
+                super::$name(store).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn mysql() {
+                let Some(store) = onceflow_tests::mysql_store().await.expect("mysql store") else {
+                    eprintln!("skipped: MYSQL_URL is not set");
                     return;
                 };
                 super::$name(store).await;

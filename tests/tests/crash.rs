@@ -5,7 +5,7 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use onceflow_engine::{PgStore, SqliteStore, state};
+use onceflow_engine::{MySqlStore, PgStore, SqliteStore, state};
 use onceflow_tests::TestDb;
 
 const WORKER: &str = env!("CARGO_BIN_EXE_crash-worker");
@@ -78,6 +78,24 @@ async fn sigkill_then_resume_on_postgres() {
     .await
     .unwrap();
     let store = PgStore::connect(&url, 2).await.unwrap();
+    for id in ids {
+        check(&store, &id).await;
+    }
+}
+
+#[tokio::test]
+async fn sigkill_then_resume_on_mysql() {
+    let Some(url) = onceflow_tests::mysql_url().await.unwrap() else {
+        eprintln!("skipped: MYSQL_URL is not set");
+        return;
+    };
+    let ids = tokio::task::spawn_blocking({
+        let url = url.clone();
+        move || crash_matrix(&url)
+    })
+    .await
+    .unwrap();
+    let store = MySqlStore::connect(&url, 2).await.unwrap();
     for id in ids {
         check(&store, &id).await;
     }

@@ -1,4 +1,4 @@
-//! The engine's guarantees, each on SQLite and on Postgres: exactly-once transactional steps across dropped
+//! The engine's guarantees, each on SQLite, Postgres and MySQL: exactly-once transactional steps across dropped
 //! workers and races, fencing, compensation, concurrent starts, persisted waits and operator actions.
 
 use std::sync::Arc;
@@ -9,7 +9,7 @@ use onceflow_engine::{
     Engine, EngineConfig, Error, Interrupt, ManualClock, Outcome, Previous, RetryPolicy, StepError, Store, Workflow,
     WorkflowContext, state, step, step_status,
 };
-use onceflow_tests::{Hooks, Steps, StepsInput, TestDb, on_both_backends};
+use onceflow_tests::{Hooks, Steps, StepsInput, TestDb, on_every_backend};
 
 const LEASE_MS: i64 = 10_000;
 const WAIT: Duration = Duration::from_secs(20);
@@ -303,7 +303,7 @@ impl NowForTests for ManualClock {
     }
 }
 
-on_both_backends!(
+on_every_backend!(
     runs_each_step_once,
     resumes_after_a_dropped_worker,
     racing_workers_run_it_once,
@@ -365,4 +365,4 @@ async fn shutdown_releases_leases_at_once<S: TestDb>(store: S) {
     assert_eq!(store.effects("shutdown").await.unwrap(), ["a", "b", "c"]);
 }
 
-on_both_backends!(shutdown_releases_leases_at_once);
+on_every_backend!(shutdown_releases_leases_at_once);

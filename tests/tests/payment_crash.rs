@@ -7,7 +7,7 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use onceflow_engine::{EngineConfig, PgStore, SqliteStore};
+use onceflow_engine::{EngineConfig, MySqlStore, PgStore, SqliteStore};
 use onceflow_payments::{
     MockChannel, MockChannelConfig, PaymentStore, Payments, check_invariants, mock_channel_router, order_status,
 };
@@ -86,5 +86,15 @@ async fn payments_survive_sigkill_on_postgres() {
         return;
     };
     let store = PgStore::connect(&url, 4).await.unwrap();
+    crash_matrix(store, &url).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn payments_survive_sigkill_on_mysql() {
+    let Some(url) = onceflow_tests::mysql_url().await.unwrap() else {
+        eprintln!("skipped: MYSQL_URL is not set");
+        return;
+    };
+    let store = MySqlStore::connect(&url, 4).await.unwrap();
     crash_matrix(store, &url).await;
 }

@@ -1,4 +1,4 @@
-//! The payment saga on SQLite and Postgres: duplicate storms, one order under many tokens, mismatches, every
+//! The payment saga on SQLite, Postgres and MySQL: duplicate storms, one order under many tokens, mismatches, every
 //! channel fault, declines; the invariant checker after each.
 
 use std::sync::Arc;
@@ -9,7 +9,7 @@ use onceflow_payments::{
     Channel, HttpChannel, MockChannel, MockChannelConfig, PayRequest, PayResponse, PaymentStore, Payments,
     check_invariants, mock_channel_router, order_status, payment_status,
 };
-use onceflow_tests::{TestDb, on_both_backends};
+use onceflow_tests::{TestDb, on_every_backend};
 
 const T: &str = "default";
 const ROUTE: &str = "/v1/payments";
@@ -212,7 +212,7 @@ async fn a_decline_releases_the_order_and_is_replayed<S: TestDb + PaymentStore>(
     assert_eq!(declining.ledger().kept_charges("O-6"), 0);
 }
 
-on_both_backends!(
+on_every_backend!(
     two_hundred_requests_one_token_one_charge,
     fifty_tokens_one_order_one_charge,
     a_token_is_bound_to_its_request,

@@ -1,7 +1,7 @@
 //! The `Store` contract, run against every backend: what the engine relies on from each database.
 
 use onceflow_engine::{Reopen, StepRecord, WorkflowRecord, WorkflowUpdate, state};
-use onceflow_tests::{TestDb, on_both_backends};
+use onceflow_tests::{TestDb, on_every_backend};
 
 fn workflow(id: &str, owner: Option<&str>, lease_expires_at: Option<i64>, next_attempt_at: i64) -> WorkflowRecord {
     WorkflowRecord {
@@ -123,7 +123,7 @@ async fn lists_notifies_and_reopens<S: TestDb>(store: S) {
     assert!(store.reopen("missing", &[state::RUNNING], Reopen::Cancel, None, 9).await.is_err());
 }
 
-on_both_backends!(
+on_every_backend!(
     insert_is_unique,
     steps_upsert_by_key,
     the_fence_checks_the_epoch,

@@ -11,13 +11,15 @@ use onceflow_payments::{Channel, MockChannel};
 use reqwest::{Client, Method, Response};
 use serde_json::Value;
 
-/// A fresh database URL on the backend: `sqlite` or `postgres` (`None` when Postgres is not configured).
+/// A fresh database URL on the backend: `sqlite`, `postgres` or `mysql` (`None` when that server is not
+/// configured).
 pub async fn database(backend: &str) -> Option<String> {
     match backend {
         "sqlite" => {
             let path = std::env::temp_dir().join(format!("onceflow-http-{}.db", uuid::Uuid::new_v4()));
             Some(format!("sqlite://{}", path.display()))
         }
+        "mysql" => onceflow_tests::mysql_url().await.expect("mysql"),
         _ => onceflow_tests::pg_url().await.expect("postgres"),
     }
 }

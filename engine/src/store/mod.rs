@@ -9,10 +9,12 @@ use serde::Serialize;
 
 use crate::error::Result;
 
+mod mysql;
 mod postgres;
 mod shared;
 mod sqlite;
 
+pub use mysql::{MIGRATOR as MYSQL_MIGRATOR, MySqlStore};
 pub use postgres::{MIGRATOR as POSTGRES_MIGRATOR, PgStore};
 pub use sqlite::{MIGRATOR as SQLITE_MIGRATOR, SqliteStore};
 
@@ -198,13 +200,13 @@ pub enum Reopen {
     Cancel,
 }
 
-/// Persistence of the engine. Implemented for Postgres ([`PgStore`]) and SQLite ([`SqliteStore`]); both pass
-/// the same conformance suite.
+/// Persistence of the engine. Implemented for Postgres ([`PgStore`]), SQLite ([`SqliteStore`]) and MySQL /
+/// MariaDB ([`MySqlStore`]); all pass the same conformance suite.
 pub trait Store: Clone + Send + Sync + 'static {
     /// The sqlx database.
     type Db: sqlx::Database;
 
-    /// Short name of the backend (`postgres`, `sqlite`).
+    /// Short name of the backend (`postgres`, `sqlite`, `mysql`).
     fn backend(&self) -> &'static str;
 
     /// The connection pool, for business reads outside steps.

@@ -1,10 +1,22 @@
-//! The queries both backends run as the same SQL text (`$n` parameters work on Postgres and SQLite alike).
+//! The queries Postgres and SQLite run as the same SQL text (`$n` parameters work on both), and the column lists
+//! and bind orders MySQL shares with them.
 //! Expanded once per backend by `shared_store_methods!`, so each backend's `Store` impl stays concrete.
 
-/// Columns of `workflows`, in the order of [`super::WorkflowRecord`].
-pub(crate) const INSERT_WORKFLOW: &str = "INSERT INTO workflows (workflow_id, name, input, input_hash, state, output, \
-    error, lease_owner, lease_expires_at, lease_epoch, next_attempt_at, notify, created_at, updated_at) \
-    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14) ON CONFLICT (workflow_id) DO NOTHING";
+/// Columns of `workflows`, in the order of [`super::WorkflowRecord`] and [`bind_workflow`].
+macro_rules! workflow_columns {
+    () => {
+        "workflows (workflow_id, name, input, input_hash, state, output, error, lease_owner, lease_expires_at, \
+         lease_epoch, next_attempt_at, notify, created_at, updated_at)"
+    };
+}
+pub(crate) use workflow_columns;
+
+/// Inserts a workflow unless its id exists.
+pub(crate) const INSERT_WORKFLOW: &str = concat!(
+    "INSERT INTO ",
+    workflow_columns!(),
+    " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14) ON CONFLICT (workflow_id) DO NOTHING"
+);
 
 /// The fence: applies a [`super::WorkflowUpdate`] only while `lease_epoch` is still the committer's. Parameters
 /// from `$first`: workflow_id, epoch, state, output, error, release_until, now.
@@ -42,13 +54,17 @@ pub(crate) const REQUEST_NOTIFY: &str = "UPDATE workflows SET notify = TRUE WHER
 pub(crate) const LIST: &str = "SELECT * FROM workflows WHERE ($1 IS NULL OR state = $1) \
     AND ($2 IS NULL OR created_at < $2) ORDER BY created_at DESC, workflow_id LIMIT $3";
 
+/// Columns of `workflow_steps`, in the order [`bind_steps`] binds them.
+pub(crate) const STEP_COLUMNS: &str =
+    "workflow_steps (workflow_id, step_key, step_name, kind, status, attempts, output, error, started_at, finished_at)";
+/// Columns of `workflow_compensations`, in the order [`bind_compensations`] binds them.
+pub(crate) const COMPENSATION_COLUMNS: &str =
+    "workflow_compensations (workflow_id, seq, step_key, name, input, status)";
+
 /// `INSERT … VALUES (…), (…) ON CONFLICT … DO UPDATE` for `rows` step rows, parameters from `$first`.
 pub(crate) fn upsert_steps_sql(rows: usize, first: usize) -> String {
-    let mut sql = String::from(
-        "INSERT INTO workflow_steps (workflow_id, step_key, step_name, kind, status, attempts, output, error, \
-         started_at, finished_at) VALUES ",
-    );
-    push_value_rows(&mut sql, rows, 10, first);
+    let mut sql = format!("INSERT INTO {STEP_COLUMNS} VALUES ");
+    push_value_rows(&mut sql, rows, 10, Some(first));
     sql.push_str(
         " ON CONFLICT (workflow_id, step_key) DO UPDATE SET step_name = excluded.step_name, kind = excluded.kind, \
          status = excluded.status, attempts = excluded.attempts, output = excluded.output, error = excluded.error, \
@@ -59,22 +75,48 @@ pub(crate) fn upsert_steps_sql(rows: usize, first: usize) -> String {
 
 /// `INSERT … VALUES (…), (…) ON CONFLICT … DO UPDATE` for `rows` compensation rows, parameters from `$first`.
 pub(crate) fn upsert_compensations_sql(rows: usize, first: usize) -> String {
-    let mut sql =
-        String::from("INSERT INTO workflow_compensations (workflow_id, seq, step_key, name, input, status) VALUES ");
-    push_value_rows(&mut sql, rows, 6, first);
+    let mut sql = format!("INSERT INTO {COMPENSATION_COLUMNS} VALUES ");
+    push_value_rows(&mut sql, rows, 6, Some(first));
     sql.push_str(" ON CONFLICT (workflow_id, seq) DO UPDATE SET status = excluded.status");
     sql
 }
 
-fn push_value_rows(sql: &mut String, rows: usize, cols: usize, first: usize) {
+/// Appends `rows` tuples of `cols` parameters: numbered from `first` (`$n`), or positional (`?`) without it.
+pub(crate) fn push_value_rows(sql: &mut String, rows: usize, cols: usize, first: Option<usize>) {
     use std::fmt::Write;
     for r in 0..rows {
         sql.push_str(if r == 0 { "(" } else { ", (" });
         for c in 0..cols {
-            let _ = write!(sql, "{}${}", if c == 0 { "" } else { ", " }, first + r * cols + c);
+            sql.push_str(if c == 0 { "" } else { ", " });
+            match first {
+                Some(first) => {
+                    let _ = write!(sql, "${}", first + r * cols + c);
+                }
+                None => sql.push('?'),
+            }
         }
         sql.push(')');
     }
+}
+
+/// Binds a workflow row in the column order of [`INSERT_WORKFLOW`].
+macro_rules! bind_workflow {
+    ($q:expr, $wf:expr) => {
+        $q.bind(&$wf.workflow_id)
+            .bind(&$wf.name)
+            .bind(&$wf.input)
+            .bind(&$wf.input_hash)
+            .bind(&$wf.state)
+            .bind(&$wf.output)
+            .bind(&$wf.error)
+            .bind(&$wf.lease_owner)
+            .bind($wf.lease_expires_at)
+            .bind($wf.lease_epoch)
+            .bind($wf.next_attempt_at)
+            .bind($wf.notify)
+            .bind($wf.created_at)
+            .bind($wf.updated_at)
+    };
 }
 
 /// Binds step rows in the column order of [`upsert_steps_sql`].
@@ -131,23 +173,7 @@ macro_rules! shared_store_methods {
         }
 
         async fn insert_workflow(&self, conn: &mut Conn<Self>, wf: &WorkflowRecord) -> Result<bool> {
-            let done = sqlx::query(shared::INSERT_WORKFLOW)
-                .bind(&wf.workflow_id)
-                .bind(&wf.name)
-                .bind(&wf.input)
-                .bind(&wf.input_hash)
-                .bind(&wf.state)
-                .bind(&wf.output)
-                .bind(&wf.error)
-                .bind(&wf.lease_owner)
-                .bind(wf.lease_expires_at)
-                .bind(wf.lease_epoch)
-                .bind(wf.next_attempt_at)
-                .bind(wf.notify)
-                .bind(wf.created_at)
-                .bind(wf.updated_at)
-                .execute(&mut *conn)
-                .await?;
+            let done = shared::bind_workflow!(sqlx::query(shared::INSERT_WORKFLOW), wf).execute(&mut *conn).await?;
             Ok(done.rows_affected() == 1)
         }
 
@@ -295,7 +321,7 @@ macro_rules! shared_store_methods {
     };
 }
 
-pub(crate) use {bind_compensations, bind_fence, bind_steps, shared_store_methods};
+pub(crate) use {bind_compensations, bind_fence, bind_steps, bind_workflow, shared_store_methods};
 
 #[cfg(test)]
 mod tests {

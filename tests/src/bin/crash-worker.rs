@@ -7,7 +7,7 @@ use std::io::Write;
 use std::sync::Arc;
 use std::time::Duration;
 
-use onceflow_engine::{Engine, EngineConfig, PgStore, SqliteStore};
+use onceflow_engine::{Engine, EngineConfig, MySqlStore, PgStore, SqliteStore};
 use onceflow_tests::{Hooks, Steps, StepsInput, TestDb};
 
 #[tokio::main]
@@ -20,6 +20,8 @@ async fn main() -> anyhow::Result<()> {
     let stop = rest.first().cloned();
     if url.starts_with("postgres") {
         run(PgStore::connect(url, 4).await?, id, lease, stop).await
+    } else if url.starts_with("mysql") {
+        run(MySqlStore::connect(url, 4).await?, id, lease, stop).await
     } else {
         run(SqliteStore::connect(url).await?, id, lease, stop).await
     }

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use onceflow_engine::{EngineConfig, PgStore, SqliteStore};
+use onceflow_engine::{EngineConfig, MySqlStore, PgStore, SqliteStore};
 use onceflow_payments::{HttpChannel, PayRequest, PaymentStore, Payments};
 
 #[tokio::main]
@@ -19,6 +19,8 @@ async fn main() -> anyhow::Result<()> {
         PayRequest { order_no: order_no.clone(), amount: amount.parse()?, currency: "CNY".into(), request_no: None };
     if url.starts_with("postgres") {
         run(PgStore::connect(url, 4).await?, channel, token, &request).await
+    } else if url.starts_with("mysql") {
+        run(MySqlStore::connect(url, 4).await?, channel, token, &request).await
     } else {
         run(SqliteStore::connect(url).await?, channel, token, &request).await
     }

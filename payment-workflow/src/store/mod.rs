@@ -1,11 +1,14 @@
-//! The payment tables' queries. The SQL is the same on every backend (`$n` parameters); the trait is
-//! implemented once per store by `impl_payment_store!`, so each runs on its concrete connection type.
+//! The payment tables' queries. The SQL is the same on Postgres and SQLite (`$n` parameters), implemented once
+//! per store by `impl_payment_store!` so each runs on its concrete connection type; MySQL (`?` parameters, no
+//! `ON CONFLICT`) has its own module.
 
 use std::future::Future;
 
 use onceflow_engine::{BoxFuture, Conn, PgStore, SqliteStore, StepError, Store};
 
 use crate::model::{Order, PaymentRecord, TokenRecord};
+
+mod mysql;
 
 /// How reserving an order for payment went.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

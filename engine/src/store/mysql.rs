@@ -1,0 +1,329 @@
+//! The MySQL / MariaDB store: for teams whose payments already live there (MySQL 8, MariaDB 10.6+).
+//!
+//! Same guarantees as Postgres: conditional updates checked by rows matched (sqlx connects with
+//! `CLIENT_FOUND_ROWS`), leases claimed with `FOR UPDATE SKIP LOCKED`, every commit fenced by the lease epoch,
+//! duplicate keys read as "exists". Sessions run at `READ COMMITTED`, as Postgres does, so that a conditional
+//! update or a read in a step sees the latest committed row and concurrent inserts take no gap locks.
+//! A deadlock or lock-wait timeout rolls the phase back and replays it (see [`crate::error::is_transient`]).
+//! MySQL has no `UPDATE … RETURNING` and no `LISTEN`: updates are followed by a read inside the same
+//! transaction, and waiters in other processes poll.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
+use sqlx::{Executor, MySql};
+
+use super::{
+    CompensationRecord, Conn, Listener, Reopen, StepRecord, Store, Tx, WorkflowRecord, WorkflowUpdate, shared, state,
+};
+use crate::error::Result;
+
+/// The embedded MySQL migrations (engine and payment tables).
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/mysql");
+
+/// Session settings of every connection: Postgres's isolation level, and a bounded wait for a row lock (a
+/// payment's order row is held for one short transaction at most).
+const SESSION: [&str; 2] =
+    ["SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED", "SET SESSION innodb_lock_wait_timeout = 10"];
+
+const INSERT_WORKFLOW: &str =
+    concat!("INSERT INTO ", shared::workflow_columns!(), " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)");
+const FENCE: &str = "UPDATE workflows SET state = COALESCE(?, state), output = COALESCE(?, output), \
+    error = COALESCE(?, error), lease_owner = CASE WHEN ? IS NULL THEN lease_owner ELSE NULL END, \
+    lease_expires_at = CASE WHEN ? IS NULL THEN lease_expires_at ELSE NULL END, \
+    next_attempt_at = COALESCE(?, next_attempt_at), updated_at = ? WHERE workflow_id = ? AND lease_epoch = ?";
+const SELECT_WORKFLOW: &str = "SELECT * FROM workflows WHERE workflow_id = ?";
+const SELECT_STEPS: &str = "SELECT * FROM workflow_steps WHERE workflow_id = ? ORDER BY started_at, step_key";
+const SELECT_COMPENSATIONS: &str = "SELECT * FROM workflow_compensations WHERE workflow_id = ? ORDER BY seq";
+const HEARTBEAT: &str = "UPDATE workflows SET lease_expires_at = ? \
+    WHERE lease_owner = ? AND state IN ('running', 'compensating') AND lease_expires_at > ?";
+const RELEASE: &str = "UPDATE workflows SET lease_owner = NULL, lease_expires_at = NULL, next_attempt_at = ?, \
+    updated_at = ? WHERE workflow_id = ? AND lease_epoch = ?";
+const RELEASE_ALL: &str = "UPDATE workflows SET lease_owner = NULL, lease_expires_at = NULL, next_attempt_at = ?, \
+    updated_at = ? WHERE lease_owner = ? AND state IN ('running', 'compensating')";
+const DUE: &str = "SELECT workflow_id FROM workflows WHERE state IN ('running', 'compensating') \
+    AND next_attempt_at <= ? AND (lease_expires_at IS NULL OR lease_expires_at <= ?) \
+    ORDER BY next_attempt_at LIMIT ? FOR UPDATE SKIP LOCKED";
+const LIST: &str = "SELECT * FROM workflows WHERE (? IS NULL OR state = ?) AND (? IS NULL OR created_at < ?) \
+    ORDER BY created_at DESC, workflow_id LIMIT ?";
+
+/// A [`Store`] on MySQL or MariaDB.
+#[derive(Debug, Clone)]
+pub struct MySqlStore {
+    pool: sqlx::MySqlPool,
+}
+
+impl MySqlStore {
+    /// Connects a pool of up to `max_connections` to `url` (`mysql://…`, or `mariadb://…`).
+    pub async fn connect(url: &str, max_connections: u32) -> Result<Self> {
+        let url = match url.strip_prefix("mariadb://") {
+            Some(rest) => format!("mysql://{rest}"),
+            None => url.to_owned(),
+        };
+        let options = MySqlConnectOptions::from_str(&url)?;
+        Ok(Self { pool: Self::pool_options(max_connections).connect_with(options).await? })
+    }
+
+    /// Pool options that set up each session as the store expects; for pools made elsewhere.
+    pub fn pool_options(max_connections: u32) -> MySqlPoolOptions {
+        MySqlPoolOptions::new()
+            .max_connections(max_connections)
+            // As on Postgres: with the database gone, answer `503` fast rather than hold requests.
+            .acquire_timeout(Duration::from_secs(2))
+            .after_connect(|conn, _meta| {
+                Box::pin(async move {
+                    for sql in SESSION {
+                        conn.execute(sql).await?;
+                    }
+                    Ok(())
+                })
+            })
+    }
+
+    /// A store over an existing pool, made with [`MySqlStore::pool_options`].
+    pub fn from_pool(pool: sqlx::MySqlPool) -> Self {
+        Self { pool }
+    }
+
+    async fn select_in(&self, conn: &mut Conn<Self>, ids: &[String]) -> Result<Vec<WorkflowRecord>> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let sql = format!("SELECT * FROM workflows WHERE workflow_id IN ({})", placeholders(ids.len()));
+        let mut q = sqlx::query_as(sqlx::AssertSqlSafe(sql));
+        for id in ids {
+            q = q.bind(id);
+        }
+        Ok(q.fetch_all(&mut *conn).await?)
+    }
+}
+
+fn placeholders(n: usize) -> String {
+    vec!["?"; n].join(", ")
+}
+
+/// True when an insert hit an existing key: MySQL rolls back only that statement, the transaction goes on.
+fn duplicate(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(db) if db.is_unique_violation())
+}
+
+impl Store for MySqlStore {
+    type Db = MySql;
+
+    fn backend(&self) -> &'static str {
+        "mysql"
+    }
+
+    fn pool(&self) -> &sqlx::Pool<Self::Db> {
+        &self.pool
+    }
+
+    async fn migrate(&self) -> Result<()> {
+        MIGRATOR.run(&self.pool).await?;
+        Ok(())
+    }
+
+    async fn begin(&self) -> Result<Tx<Self>> {
+        Ok(self.pool.begin().await?)
+    }
+
+    async fn insert_workflow(&self, conn: &mut Conn<Self>, wf: &WorkflowRecord) -> Result<bool> {
+        match shared::bind_workflow!(sqlx::query(INSERT_WORKFLOW), wf).execute(&mut *conn).await {
+            Ok(_) => Ok(true),
+            Err(e) if duplicate(&e) => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    async fn write_steps(&self, conn: &mut Conn<Self>, steps: &[StepRecord]) -> Result<()> {
+        if steps.is_empty() {
+            return Ok(());
+        }
+        let mut sql = format!("INSERT INTO {} VALUES ", shared::STEP_COLUMNS);
+        shared::push_value_rows(&mut sql, steps.len(), 10, None);
+        sql.push_str(
+            " ON DUPLICATE KEY UPDATE step_name = VALUES(step_name), kind = VALUES(kind), status = VALUES(status), \
+             attempts = VALUES(attempts), output = VALUES(output), error = VALUES(error), \
+             started_at = VALUES(started_at), finished_at = VALUES(finished_at)",
+        );
+        shared::bind_steps!(sqlx::query(sqlx::AssertSqlSafe(sql)), steps).execute(&mut *conn).await?;
+        Ok(())
+    }
+
+    async fn write_compensations(&self, conn: &mut Conn<Self>, comps: &[CompensationRecord]) -> Result<()> {
+        if comps.is_empty() {
+            return Ok(());
+        }
+        let mut sql = format!("INSERT INTO {} VALUES ", shared::COMPENSATION_COLUMNS);
+        shared::push_value_rows(&mut sql, comps.len(), 6, None);
+        sql.push_str(" ON DUPLICATE KEY UPDATE status = VALUES(status)");
+        shared::bind_compensations!(sqlx::query(sqlx::AssertSqlSafe(sql)), comps).execute(&mut *conn).await?;
+        Ok(())
+    }
+
+    /// Rows matched, not rows changed, decide: the lease is ours exactly when the row with our epoch exists.
+    /// Whether a waiter asked for a notification is not read: MySQL has no channel to send it on.
+    async fn fence(
+        &self,
+        conn: &mut Conn<Self>,
+        workflow_id: &str,
+        epoch: i64,
+        update: &WorkflowUpdate,
+        now: i64,
+    ) -> Result<Option<bool>> {
+        let release = update.release_until;
+        let done = sqlx::query(FENCE)
+            .bind(update.state)
+            .bind(&update.output)
+            .bind(&update.error)
+            .bind(release)
+            .bind(release)
+            .bind(release)
+            .bind(now)
+            .bind(workflow_id)
+            .bind(epoch)
+            .execute(&mut *conn)
+            .await?;
+        Ok((done.rows_affected() == 1).then_some(false))
+    }
+
+    async fn notify_finished(&self, _conn: &mut Conn<Self>, _workflow_id: &str) -> Result<()> {
+        // No notification channel: waiters in other processes poll.
+        Ok(())
+    }
+
+    async fn workflow(&self, workflow_id: &str) -> Result<Option<WorkflowRecord>> {
+        Ok(sqlx::query_as(SELECT_WORKFLOW).bind(workflow_id).fetch_optional(&self.pool).await?)
+    }
+
+    async fn steps(&self, workflow_id: &str) -> Result<Vec<StepRecord>> {
+        Ok(sqlx::query_as(SELECT_STEPS).bind(workflow_id).fetch_all(&self.pool).await?)
+    }
+
+    async fn compensations(&self, workflow_id: &str) -> Result<Vec<CompensationRecord>> {
+        Ok(sqlx::query_as(SELECT_COMPENSATIONS).bind(workflow_id).fetch_all(&self.pool).await?)
+    }
+
+    async fn claim_due(&self, owner: &str, now: i64, lease_until: i64, limit: i64) -> Result<Vec<WorkflowRecord>> {
+        let mut tx = self.begin().await?;
+        let ids: Vec<String> = sqlx::query_scalar(DUE).bind(now).bind(now).bind(limit).fetch_all(&mut *tx).await?;
+        if ids.is_empty() {
+            tx.commit().await?;
+            return Ok(Vec::new());
+        }
+        let sql = format!(
+            "UPDATE workflows SET lease_owner = ?, lease_expires_at = ?, lease_epoch = lease_epoch + 1 \
+             WHERE workflow_id IN ({})",
+            placeholders(ids.len())
+        );
+        let mut q = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(owner).bind(lease_until);
+        for id in &ids {
+            q = q.bind(id);
+        }
+        q.execute(&mut *tx).await?;
+        let claimed = self.select_in(&mut tx, &ids).await?;
+        tx.commit().await?;
+        Ok(claimed)
+    }
+
+    async fn heartbeat(&self, owner: &str, lease_until: i64, now: i64) -> Result<u64> {
+        let done = sqlx::query(HEARTBEAT).bind(lease_until).bind(owner).bind(now).execute(&self.pool).await?;
+        Ok(done.rows_affected())
+    }
+
+    async fn release(&self, workflow_id: &str, epoch: i64, next_attempt_at: i64, now: i64) -> Result<bool> {
+        let done = sqlx::query(RELEASE)
+            .bind(next_attempt_at)
+            .bind(now)
+            .bind(workflow_id)
+            .bind(epoch)
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn release_all(&self, owner: &str, now: i64) -> Result<u64> {
+        let done = sqlx::query(RELEASE_ALL).bind(now).bind(now).bind(owner).execute(&self.pool).await?;
+        Ok(done.rows_affected())
+    }
+
+    async fn request_notify(&self, workflow_id: &str) -> Result<Option<WorkflowRecord>> {
+        sqlx::query("UPDATE workflows SET notify = TRUE WHERE workflow_id = ?")
+            .bind(workflow_id)
+            .execute(&self.pool)
+            .await?;
+        self.workflow(workflow_id).await
+    }
+
+    async fn list(&self, state: Option<&str>, before: Option<i64>, limit: i64) -> Result<Vec<WorkflowRecord>> {
+        Ok(sqlx::query_as(LIST)
+            .bind(state)
+            .bind(state)
+            .bind(before)
+            .bind(before)
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .await?)
+    }
+
+    async fn reopen(
+        &self,
+        workflow_id: &str,
+        from_states: &[&str],
+        how: Reopen,
+        error: Option<String>,
+        now: i64,
+    ) -> Result<Option<WorkflowRecord>> {
+        let mut tx = self.begin().await?;
+        let current: Option<String> =
+            sqlx::query_scalar("SELECT state FROM workflows WHERE workflow_id = ? FOR UPDATE")
+                .bind(workflow_id)
+                .fetch_optional(&mut *tx)
+                .await?;
+        let Some(current) = current else {
+            return Err(crate::Error::NotFound(workflow_id.to_owned()));
+        };
+        if !from_states.contains(&current.as_str()) {
+            return Ok(None);
+        }
+        let (new_state, clear_error, cleanup): (_, _, &[&str]) = match how {
+            Reopen::Forward => {
+                (state::RUNNING, true, &["DELETE FROM workflow_steps WHERE workflow_id = ? AND status = 'failed'"])
+            }
+            Reopen::Compensation => (
+                state::COMPENSATING,
+                false,
+                &[
+                    "UPDATE workflow_compensations SET status = 'registered' WHERE workflow_id = ? AND status = 'failed'",
+                    "DELETE FROM workflow_steps WHERE workflow_id = ? AND status = 'failed' \
+                     AND step_key LIKE 'compensate/%'",
+                ],
+            ),
+            Reopen::Cancel => (state::COMPENSATING, false, &[]),
+        };
+        for sql in cleanup {
+            sqlx::query(*sql).bind(workflow_id).execute(&mut *tx).await?;
+        }
+        sqlx::query(
+            "UPDATE workflows SET state = ?, error = CASE WHEN ? THEN NULL ELSE COALESCE(?, error) END, \
+             lease_owner = NULL, lease_expires_at = NULL, lease_epoch = lease_epoch + 1, \
+             next_attempt_at = ?, updated_at = ? WHERE workflow_id = ?",
+        )
+        .bind(new_state)
+        .bind(clear_error)
+        .bind(error)
+        .bind(now)
+        .bind(now)
+        .bind(workflow_id)
+        .execute(&mut *tx)
+        .await?;
+        let row = self.select_in(&mut tx, &[workflow_id.to_owned()]).await?.pop();
+        tx.commit().await?;
+        Ok(row)
+    }
+
+    async fn listen(&self) -> Result<Option<Listener>> {
+        Ok(None)
+    }
+}
