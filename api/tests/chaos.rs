@@ -1,4 +1,5 @@
-//! The chaos run: three `onceflow serve` processes and one `onceflow worker` on one Postgres, a mock channel with every fault on, a load
+//! The chaos run: three `onceflow serve` processes and one `onceflow worker` on one Postgres (and again on one
+//! MySQL), a mock channel with every fault on, a load
 //! client sending payments (a third of them duplicated, concurrently, under the same token) to random
 //! processes, and a killer that SIGKILLs a random process every few seconds and restarts it. Afterwards it
 //! waits for recovery and checks, from the channel's ledger and the database: at most one kept charge per
@@ -7,6 +8,7 @@
 //!
 //! CI runs a short form. The long form:
 //! `ONCEFLOW_CHAOS_SECS=300 ONCEFLOW_CHAOS_KILL_MS=2500 DATABASE_URL=postgres://… cargo test --release -p onceflow-api --test chaos -- --nocapture`
+//! (`MYSQL_URL=mysql://…` for the MySQL run; `postgres` or `mysql` after `--` picks one).
 
 use std::collections::HashMap;
 use std::process::{Child, Command, Stdio};
@@ -14,8 +16,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use onceflow_engine::PgStore;
-use onceflow_payments::{MockChannel, MockChannelConfig, check_invariants, mock_channel_router};
+use onceflow_engine::{MySqlStore, PgStore, state};
+use onceflow_payments::{MockChannel, MockChannelConfig, PaymentStore, check_invariants, mock_channel_router};
 use serde_json::json;
 use tokio::sync::Mutex;
 
@@ -146,11 +148,27 @@ async fn setup_payment(fleet: &Fleet, client: &reqwest::Client, order: &str, sal
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn chaos_nothing_lost_nothing_charged_twice() {
+async fn chaos_nothing_lost_nothing_charged_twice_postgres() {
     let Some(db) = onceflow_tests::pg_url().await.unwrap() else {
         eprintln!("skipped: DATABASE_URL is not set");
         return;
     };
+    let store = PgStore::connect(&db, 2).await.unwrap();
+    chaos(db, store).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn chaos_nothing_lost_nothing_charged_twice_mysql() {
+    let Some(db) = onceflow_tests::mysql_url().await.unwrap() else {
+        eprintln!("skipped: MYSQL_URL is not set");
+        return;
+    };
+    let store = MySqlStore::connect(&db, 2).await.unwrap();
+    chaos(db, store).await;
+}
+
+/// The run against the database `db`, checked afterwards through `store`.
+async fn chaos<S: PaymentStore>(db: String, store: S) {
     let secs = env_u64("ONCEFLOW_CHAOS_SECS", 12);
     let kill_every = Duration::from_millis(env_u64("ONCEFLOW_CHAOS_KILL_MS", 1500));
     let max_payments = env_u64("ONCEFLOW_CHAOS_MAX_PAYMENTS", 100_000);
@@ -251,48 +269,35 @@ async fn chaos_nothing_lost_nothing_charged_twice() {
     }
 
     // Recovery: every workflow reaches a final state.
-    let store = PgStore::connect(&db, 2).await.unwrap();
-    let pool = onceflow_engine::Store::pool(&store).clone();
     let started = Instant::now();
     loop {
-        let open: i64 = sqlx::query_scalar("SELECT count(*) FROM workflows WHERE state IN ('running', 'compensating')")
-            .fetch_one(&pool)
-            .await
-            .unwrap();
-        if open == 0 {
+        let mut open = store.list(Some(state::RUNNING), None, 1).await.unwrap();
+        open.extend(store.list(Some(state::COMPENSATING), None, 1).await.unwrap());
+        if open.is_empty() {
             break;
         }
-        assert!(started.elapsed() < Duration::from_secs(60), "{open} workflows still open after 60 s");
+        assert!(started.elapsed() < Duration::from_secs(60), "workflows still open after 60 s: {open:?}");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 
     let mut violations = tally.violations.lock().await.clone();
-    // Every duplicate got the same answer as its original: the one stored with the token.
+    // Every duplicate got the same answer as its original: the one stored with the token, which is final.
     let answers = tally.answers.lock().await.clone();
     for (token, got) in &answers {
-        let stored: Option<(i32, String)> =
-            sqlx::query_as("SELECT response_status, response_body FROM idempotency_tokens WHERE token = $1")
-                .bind(token)
-                .fetch_optional(&pool)
-                .await
-                .unwrap()
-                .and_then(|(s, b): (Option<i32>, Option<String>)| Some((s?, b?)));
-        let Some((status, body)) = stored else {
+        let stored = store.token_and_order(token, "default", "").await.unwrap().map(|(t, _)| t);
+        let Some((status, body)) = stored.as_ref().and_then(|t| Some((t.response_status?, t.response_body.clone()?)))
+        else {
             violations.push(format!("token {token}: answered {got:?} but stored nothing"));
             continue;
         };
+        if stored.is_some_and(|t| t.state == "in_use") {
+            violations.push(format!("token {token} left in_use"));
+        }
         for (s, b) in got {
             if i32::from(*s) != status || *b != body {
                 violations.push(format!("token {token}: answered {s} {b}, stored {status} {body}"));
             }
         }
-    }
-    let in_use: i64 = sqlx::query_scalar("SELECT count(*) FROM idempotency_tokens WHERE state = 'in_use'")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-    if in_use > 0 {
-        violations.push(format!("{in_use} tokens left in_use"));
     }
     let snapshot = ledger.ledger();
     violations.extend(check_invariants(&store, &snapshot).await.unwrap().into_iter().map(|v| v.0));

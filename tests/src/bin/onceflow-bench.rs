@@ -7,14 +7,15 @@
 //!
 //! Scenarios: `seed_pay` and `floor_pay` with pgbench; the payment service as a library on Postgres (in-process
 //! mock channel, zero latency); `onceflow serve` over HTTP on Postgres and on embedded SQLite (with its peak
-//! RSS); 1,000 concurrent requests with one token.
+//! RSS); 1,000 concurrent requests with one token. With `MYSQL_URL=mysql://…` set (a user who may
+//! `CREATE DATABASE`), the library and HTTP scenarios also run on MySQL / MariaDB.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use onceflow_engine::{EngineConfig, PgStore, Store};
-use onceflow_payments::{MockChannel, PayRequest, Payments};
+use onceflow_engine::{EngineConfig, MySqlStore, PgStore, Store};
+use onceflow_payments::{MockChannel, PayRequest, PaymentStore, Payments};
 use onceflow_tests::baseline::{fresh_db, pgbench};
 
 struct Options {
@@ -157,13 +158,42 @@ fn request(n: u64) -> PayRequest {
     PayRequest { order_no: format!("o{n}"), amount: 1000, currency: "CNY".into(), request_no: None }
 }
 
-async fn library(base: &str, o: &Options) -> anyhow::Result<Run> {
-    let url = fresh_db(base, "onceflow_bench_library")?;
-    let store = PgStore::connect(&url, u32::try_from(o.concurrency)? + 4).await?;
-    store.migrate().await?;
-    seed_pg(&url, o.count).await?;
+/// `count` pending orders and unused tokens on MySQL, in batches (MySQL has no `generate_series`).
+async fn seed_mysql(url: &str, count: u64) -> anyhow::Result<()> {
+    let pool = sqlx::MySqlPool::connect(url).await?;
+    let mut n = 1;
+    while n <= count {
+        let last = (n + 999).min(count);
+        let (mut orders, mut tokens) = (Vec::new(), Vec::new());
+        for i in n..=last {
+            orders.push(format!("('default', 'o{i}', 1000, 'CNY', 'pending', 0, 0, 0)"));
+            tokens.push(format!("('tok{i}', 'default', 'issued', 0, 9000000000000, 0)"));
+        }
+        let orders = format!("INSERT INTO orders VALUES {}", orders.join(", "));
+        let tokens = format!(
+            "INSERT INTO idempotency_tokens (token, tenant, state, created_at, expires_at, updated_at) VALUES {}",
+            tokens.join(", ")
+        );
+        sqlx::query(sqlx::AssertSqlSafe(orders)).execute(&pool).await?;
+        sqlx::query(sqlx::AssertSqlSafe(tokens)).execute(&pool).await?;
+        n = last + 1;
+    }
+    Ok(())
+}
+
+/// A fresh MySQL database `name` on `base`'s server; returns its URL.
+async fn fresh_mysql_db(base: &str, name: &str) -> anyhow::Result<String> {
+    let pool = sqlx::MySqlPool::connect(base).await?;
+    sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS {name}"))).execute(&pool).await?;
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}"))).execute(&pool).await?;
+    let server = base.rsplit_once('/').map_or(base, |(s, _)| s);
+    Ok(format!("{server}/{name}"))
+}
+
+/// Payments through the service as a library: the engine, the saga and the in-process mock channel.
+async fn library<S: PaymentStore>(name: &'static str, store: S, o: &Options) -> anyhow::Result<Run> {
     let payments = Payments::new(store, Arc::new(MockChannel::reliable()), EngineConfig::default());
-    drive("library/postgres", o, move |n| {
+    drive(name, o, move |n| {
         let payments = payments.clone();
         async move {
             let r = payments
@@ -327,7 +357,12 @@ async fn main() -> anyhow::Result<()> {
     let floor = pgbench(&base, "floor_pay.pgbench", o.concurrency, per_client)?;
     eprintln!("  seed_pay {seed:.0}/s, floor_pay {floor:.0}/s");
 
-    let mut runs = vec![library(&base, &o).await?];
+    let pool_size = u32::try_from(o.concurrency)? + 4;
+    let url = fresh_db(&base, "onceflow_bench_library")?;
+    let store = PgStore::connect(&url, pool_size).await?;
+    store.migrate().await?;
+    seed_pg(&url, o.count).await?;
+    let mut runs = vec![library("library/postgres", store, &o).await?];
 
     let pg_url = fresh_db(&base, "onceflow_bench_http")?;
     let pg = serve(&pg_url).await?;
@@ -344,6 +379,20 @@ async fn main() -> anyhow::Result<()> {
     drop(sqlite);
     for suffix in ["", "-wal", "-shm"] {
         let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+    }
+
+    if let Ok(mysql_base) = std::env::var("MYSQL_URL") {
+        let url = fresh_mysql_db(&mysql_base, "onceflow_bench_library").await?;
+        let store = MySqlStore::connect(&url, pool_size).await?;
+        store.migrate().await?;
+        seed_mysql(&url, o.count).await?;
+        runs.push(library("library/mysql", store, &o).await?);
+        let url = fresh_mysql_db(&mysql_base, "onceflow_bench_http").await?;
+        let server = serve(&url).await?;
+        seed_mysql(&url, o.count).await?;
+        runs.push(http("http/mysql", &server, &o).await?);
+    } else {
+        eprintln!("MYSQL_URL is not set: no MySQL scenarios");
     }
 
     print(&runs, seed, floor);
