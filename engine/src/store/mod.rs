@@ -212,6 +212,12 @@ pub trait Store: Clone + Send + Sync + 'static {
     /// The connection pool, for business reads outside steps.
     fn pool(&self) -> &sqlx::Pool<Self::Db>;
 
+    /// The pool for writes outside steps (SQLite: its single writer connection, so writers queue in process
+    /// instead of sleeping in SQLite's busy handler). The same as [`Store::pool`] elsewhere.
+    fn write_pool(&self) -> &sqlx::Pool<Self::Db> {
+        self.pool()
+    }
+
     /// Applies the embedded migrations.
     fn migrate(&self) -> impl Future<Output = Result<()>> + Send;
 

@@ -226,7 +226,7 @@ macro_rules! shared_store_methods {
                 .bind(owner)
                 .bind(lease_until)
                 .bind(now)
-                .execute(&self.pool)
+                .execute(self.write_pool())
                 .await?;
             Ok(done.rows_affected())
         }
@@ -237,18 +237,18 @@ macro_rules! shared_store_methods {
                 .bind(epoch)
                 .bind(next_attempt_at)
                 .bind(now)
-                .execute(&self.pool)
+                .execute(self.write_pool())
                 .await?;
             Ok(done.rows_affected() == 1)
         }
 
         async fn release_all(&self, owner: &str, now: i64) -> Result<u64> {
-            let done = sqlx::query(shared::RELEASE_ALL).bind(owner).bind(now).execute(&self.pool).await?;
+            let done = sqlx::query(shared::RELEASE_ALL).bind(owner).bind(now).execute(self.write_pool()).await?;
             Ok(done.rows_affected())
         }
 
         async fn request_notify(&self, workflow_id: &str) -> Result<Option<WorkflowRecord>> {
-            Ok(sqlx::query_as(shared::REQUEST_NOTIFY).bind(workflow_id).fetch_optional(&self.pool).await?)
+            Ok(sqlx::query_as(shared::REQUEST_NOTIFY).bind(workflow_id).fetch_optional(self.write_pool()).await?)
         }
 
         async fn list(&self, state: Option<&str>, before: Option<i64>, limit: i64) -> Result<Vec<WorkflowRecord>> {

@@ -16,9 +16,14 @@ use crate::error::Result;
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/sqlite");
 
 /// A [`Store`] on SQLite.
+///
+/// SQLite lets one transaction write at a time. Every write goes through `writer`, a pool of one connection,
+/// so writers wait their turn in an async queue rather than in SQLite's busy handler (which sleeps in steps of
+/// up to 100 ms); reads use `pool` and, in WAL mode, never wait for the writer.
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
     pool: sqlx::SqlitePool,
+    writer: sqlx::SqlitePool,
 }
 
 impl SqliteStore {
@@ -31,17 +36,22 @@ impl SqliteStore {
             .synchronous(SqliteSynchronous::Full)
             .busy_timeout(Duration::from_secs(30))
             .foreign_keys(true);
+        let writer = SqlitePoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(Duration::from_secs(30))
+            .connect_with(options.clone())
+            .await?;
         let pool = SqlitePoolOptions::new()
             .max_connections(8)
             .acquire_timeout(Duration::from_secs(30))
             .connect_with(options)
             .await?;
-        Ok(Self { pool })
+        Ok(Self { pool, writer })
     }
 
-    /// A store over an existing pool (opened with WAL and a busy timeout).
+    /// A store over an existing pool (opened with WAL and a busy timeout), which then also writes.
     pub fn from_pool(pool: sqlx::SqlitePool) -> Self {
-        Self { pool }
+        Self { writer: pool.clone(), pool }
     }
 
     const SELECT_STATE_FOR_UPDATE: &str = "SELECT state FROM workflows WHERE workflow_id = $1";
@@ -57,12 +67,16 @@ impl Store for SqliteStore {
     shared_store_methods!();
 
     async fn migrate(&self) -> Result<()> {
-        MIGRATOR.run(&self.pool).await?;
+        MIGRATOR.run(&self.writer).await?;
         Ok(())
     }
 
+    fn write_pool(&self) -> &sqlx::Pool<Self::Db> {
+        &self.writer
+    }
+
     async fn begin(&self) -> Result<Tx<Self>> {
-        Ok(self.pool.begin_with("BEGIN IMMEDIATE").await?)
+        Ok(self.writer.begin_with("BEGIN IMMEDIATE").await?)
     }
 
     async fn notify_finished(&self, _conn: &mut Conn<Self>, _workflow_id: &str) -> Result<()> {

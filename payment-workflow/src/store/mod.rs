@@ -282,7 +282,7 @@ macro_rules! impl_payment_store {
                 .bind(o.version)
                 .bind(o.created_at)
                 .bind(o.updated_at)
-                .execute(self.pool())
+                .execute(self.write_pool())
                 .await?;
                 Ok(done.rows_affected() == 1)
             }
@@ -310,7 +310,7 @@ macro_rules! impl_payment_store {
                 .bind(t.created_at)
                 .bind(t.expires_at)
                 .bind(t.updated_at)
-                .execute(self.pool())
+                .execute(self.write_pool())
                 .await?;
                 Ok(())
             }

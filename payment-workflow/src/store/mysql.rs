@@ -186,7 +186,7 @@ impl PaymentStore for MySqlStore {
         .bind(o.version)
         .bind(o.created_at)
         .bind(o.updated_at)
-        .execute(self.pool())
+        .execute(self.write_pool())
         .await;
         inserted(done)
     }
@@ -214,7 +214,7 @@ impl PaymentStore for MySqlStore {
         .bind(t.created_at)
         .bind(t.expires_at)
         .bind(t.updated_at)
-        .execute(self.pool())
+        .execute(self.write_pool())
         .await?;
         Ok(())
     }
