@@ -29,6 +29,9 @@ impl PgStore {
         let options = PgConnectOptions::from_str(url)?;
         let pool = PgPoolOptions::new()
             .max_connections(max_connections)
+            // No ping on every acquire: it was a round trip per transaction. A connection a server restart
+            // broke fails its query instead, which the engine retries and the API answers with `503`.
+            .test_before_acquire(false)
             // With the database gone, sqlx keeps reconnecting until this timeout: a short one answers
             // `503` fast instead of holding requests (and doubles as load shedding when the pool is exhausted).
             .acquire_timeout(Duration::from_secs(2))
