@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::clock::{Clock, SystemClock};
 use crate::context::failure_json;
-use crate::error::{Error, Failure, Result};
+use crate::error::{Error, Failure, Result, TRANSIENT_RETRY_MS, is_transient};
 use crate::outcome::Outcome;
 use crate::run::drive;
 use crate::store::{CompensationRecord, Reopen, StepRecord, Store, WorkflowRecord, state};
@@ -76,6 +76,20 @@ pub(crate) struct Core<S: Store> {
 }
 
 impl<S: Store> Core<S> {
+    /// Extends every lease this process holds; a deadlock or lock timeout is tried again at once, a few times
+    /// (the lease would otherwise wait a whole heartbeat period closer to its end).
+    async fn heartbeat(&self) -> Result<u64> {
+        let mut tries = 0;
+        loop {
+            let now = self.now();
+            match self.store.heartbeat(&self.owner, now + millis(self.config.lease), now).await {
+                Err(Error::Database(e)) if is_transient(&e) && tries < 3 => tries += 1,
+                done => return done,
+            }
+            tokio::time::sleep(Duration::from_millis(TRANSIENT_RETRY_MS * tries)).await;
+        }
+    }
+
     pub(crate) fn now(&self) -> i64 {
         self.clock.now_ms()
     }
@@ -413,8 +427,7 @@ impl<S: Store> Engine<S> {
                 tokio::select! {
                     () = core.shutdown.cancelled() => return,
                     _ = heartbeat.tick() => {
-                        let now = core.now();
-                        if let Err(e) = core.store.heartbeat(&core.owner, now + millis(core.config.lease), now).await {
+                        if let Err(e) = core.heartbeat().await {
                             tracing::warn!(error = %e, "lease heartbeat failed");
                         }
                     }
