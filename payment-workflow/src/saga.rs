@@ -209,22 +209,9 @@ impl<S: PaymentStore> Workflow<S> for PaymentSaga {
             (i.tenant.clone(), i.order_no.clone(), i.request_no.clone(), i.token.clone());
         ctx.transactional("confirm", move |c| -> BoxFuture<'_, _> {
             Box::pin(async move {
-                if !S::move_order(&mut *c, tenant.clone(), order_no, order_status::PAYING, order_status::PAID, now)
-                    .await?
-                {
+                if !S::confirm_payment(c, tenant, order_no, request_no, charge_id, token, body.clone(), now).await? {
                     return Err(StepError::Terminal(Failure::new("order_not_paying", "the order left paying")));
                 }
-                S::set_payment_status(
-                    &mut *c,
-                    tenant,
-                    request_no,
-                    payment_status::SUCCEEDED,
-                    Some(charge_id),
-                    None,
-                    now,
-                )
-                .await?;
-                S::complete_token(&mut *c, token, 201, body.clone(), now).await?;
                 Ok(StoredResponse { status: 201, body })
             })
         })

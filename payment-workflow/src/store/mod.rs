@@ -6,7 +6,7 @@ use std::future::Future;
 
 use onceflow_engine::{BoxFuture, Conn, PgStore, SqliteStore, StepError, Store};
 
-use crate::model::{Order, PaymentRecord, TokenRecord};
+use crate::model::{Order, PaymentRecord, TokenRecord, order_status, payment_status};
 
 mod mysql;
 
@@ -83,6 +83,41 @@ pub trait PaymentStore: Store {
         now: i64,
     ) -> Sql<'c, ()>;
 
+    /// The commit after a successful charge: order `paying → paid`, the record `succeeded` with its charge id,
+    /// the token `completed` with the 201 `body`. Nothing changes, and `false` comes back, if the order was
+    /// not `paying`. Postgres does it in one statement; other backends in three.
+    #[allow(clippy::too_many_arguments)]
+    fn confirm_payment<'c>(
+        conn: &'c mut Conn<Self>,
+        tenant: String,
+        order_no: String,
+        request_no: String,
+        charge_id: String,
+        token: String,
+        body: String,
+        now: i64,
+    ) -> Sql<'c, bool> {
+        Box::pin(async move {
+            if !Self::move_order(&mut *conn, tenant.clone(), order_no, order_status::PAYING, order_status::PAID, now)
+                .await?
+            {
+                return Ok(false);
+            }
+            Self::set_payment_status(
+                &mut *conn,
+                tenant,
+                request_no,
+                payment_status::SUCCEEDED,
+                Some(charge_id),
+                None,
+                now,
+            )
+            .await?;
+            Self::complete_token(&mut *conn, token, 201, body, now).await?;
+            Ok(true)
+        })
+    }
+
     /// Inserts an order; `false` when the tenant has one with this `order_no`.
     fn insert_order(&self, order: &Order) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
     /// One order.
@@ -109,8 +144,10 @@ pub trait PaymentStore: Store {
 }
 
 macro_rules! impl_payment_store {
-    ($store:ty) => {
+    ($store:ty $(, $($extra:item)*)?) => {
         impl PaymentStore for $store {
+            $($($extra)*)?
+
             fn claim_token<'c>(
                 conn: &'c mut Conn<Self>,
                 token: String,
@@ -352,5 +389,40 @@ macro_rules! impl_payment_store {
     };
 }
 
-impl_payment_store!(PgStore);
+impl_payment_store!(
+    PgStore,
+    /// One statement: the token and record change only if the order moved (data-modifying CTEs).
+    fn confirm_payment<'c>(
+        conn: &'c mut Conn<Self>,
+        tenant: String,
+        order_no: String,
+        request_no: String,
+        charge_id: String,
+        token: String,
+        body: String,
+        now: i64,
+    ) -> Sql<'c, bool> {
+        Box::pin(async move {
+            let paid: bool = sqlx::query_scalar(
+                "WITH o AS (UPDATE orders SET status = 'paid', version = version + 1, updated_at = $5 \
+                 WHERE tenant = $1 AND order_no = $2 AND status = 'paying' RETURNING 1), \
+                 p AS (UPDATE payments SET status = 'succeeded', charge_id = $4, updated_at = $5 \
+                 WHERE tenant = $1 AND request_no = $3 AND EXISTS (SELECT 1 FROM o) RETURNING 1), \
+                 t AS (UPDATE idempotency_tokens SET state = 'completed', response_status = 201, \
+                 response_body = $7, updated_at = $5 WHERE token = $6 AND EXISTS (SELECT 1 FROM o) RETURNING 1) \
+                 SELECT EXISTS (SELECT 1 FROM o) AND EXISTS (SELECT 1 FROM p) AND EXISTS (SELECT 1 FROM t)",
+            )
+            .bind(tenant)
+            .bind(order_no)
+            .bind(request_no)
+            .bind(charge_id)
+            .bind(now)
+            .bind(token)
+            .bind(body)
+            .fetch_one(conn)
+            .await?;
+            Ok(paid)
+        })
+    }
+);
 impl_payment_store!(SqliteStore);
