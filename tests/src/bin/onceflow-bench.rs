@@ -23,11 +23,19 @@ struct Options {
     count: u64,
     duration: Duration,
     storm: u64,
+    /// Run only the scenarios whose name starts with this (`library`, `http/sqlite`, …); the baselines always run.
+    only: Option<String>,
+}
+
+impl Options {
+    fn wants(&self, scenario: &str) -> bool {
+        self.only.as_deref().is_none_or(|p| scenario.starts_with(p))
+    }
 }
 
 fn options() -> anyhow::Result<Options> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let mut o = Options { concurrency: 16, count: 8000, duration: Duration::from_secs(60), storm: 1000 };
+    let mut o = Options { concurrency: 16, count: 8000, duration: Duration::from_secs(60), storm: 1000, only: None };
     let mut i = 0;
     while i < args.len() {
         let value = args.get(i + 1).and_then(|v| v.parse::<u64>().ok());
@@ -36,8 +44,12 @@ fn options() -> anyhow::Result<Options> {
             ("--count", Some(v)) => o.count = v.max(1),
             ("--duration-secs", Some(v)) => o.duration = Duration::from_secs(v.max(1)),
             ("--storm", Some(v)) => o.storm = v.max(1),
+            ("--only", _) if i + 1 < args.len() => o.only = Some(args[i + 1].clone()),
             ("--help" | "-h", _) => {
-                println!("onceflow-bench [--concurrency 16] [--count 8000] [--duration-secs 60] [--storm 1000]");
+                println!(
+                    "onceflow-bench [--concurrency 16] [--count 8000] [--duration-secs 60] [--storm 1000] \
+                     [--only library|http|library/postgres|http/sqlite|…]"
+                );
                 std::process::exit(0);
             }
             (other, _) => anyhow::bail!("unknown or incomplete option {other} (see --help)"),
@@ -358,49 +370,63 @@ async fn main() -> anyhow::Result<()> {
     eprintln!("  seed_pay {seed:.0}/s, floor_pay {floor:.0}/s");
 
     let pool_size = u32::try_from(o.concurrency)? + 4;
-    let url = fresh_db(&base, "onceflow_bench_library")?;
-    let store = PgStore::connect(&url, pool_size).await?;
-    store.migrate().await?;
-    seed_pg(&url, o.count).await?;
-    let mut runs = vec![library("library/postgres", store, &o).await?];
-
-    let pg_url = fresh_db(&base, "onceflow_bench_http")?;
-    let pg = serve(&pg_url).await?;
-    seed_pg(&pg_url, o.count).await?;
-    runs.push(http("http/postgres", &pg, &o).await?);
-    let (storm_time, storm_charges) = storm(&pg, &o).await?;
-    drop(pg);
-
-    let path = std::env::temp_dir().join(format!("onceflow-bench-{}.db", std::process::id()));
-    let sqlite_url = format!("sqlite://{}", path.display());
-    let sqlite = serve(&sqlite_url).await?;
-    seed_sqlite(&sqlite_url, o.count).await?;
-    runs.push(http("http/sqlite", &sqlite, &o).await?);
-    drop(sqlite);
-    for suffix in ["", "-wal", "-shm"] {
-        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+    let mut runs = Vec::new();
+    if o.wants("library/postgres") {
+        let url = fresh_db(&base, "onceflow_bench_library")?;
+        let store = PgStore::connect(&url, pool_size).await?;
+        store.migrate().await?;
+        seed_pg(&url, o.count).await?;
+        runs.push(library("library/postgres", store, &o).await?);
     }
 
-    if let Ok(mysql_base) = std::env::var("MYSQL_URL") {
-        let url = fresh_mysql_db(&mysql_base, "onceflow_bench_library").await?;
-        let store = MySqlStore::connect(&url, pool_size).await?;
-        store.migrate().await?;
-        seed_mysql(&url, o.count).await?;
-        runs.push(library("library/mysql", store, &o).await?);
-        let url = fresh_mysql_db(&mysql_base, "onceflow_bench_http").await?;
-        let server = serve(&url).await?;
-        seed_mysql(&url, o.count).await?;
-        runs.push(http("http/mysql", &server, &o).await?);
-    } else {
-        eprintln!("MYSQL_URL is not set: no MySQL scenarios");
+    let mut stormed = None;
+    if o.wants("http/postgres") {
+        let pg_url = fresh_db(&base, "onceflow_bench_http")?;
+        let pg = serve(&pg_url).await?;
+        seed_pg(&pg_url, o.count).await?;
+        runs.push(http("http/postgres", &pg, &o).await?);
+        stormed = Some(storm(&pg, &o).await?);
+    }
+
+    if o.wants("http/sqlite") {
+        let path = std::env::temp_dir().join(format!("onceflow-bench-{}.db", std::process::id()));
+        let sqlite_url = format!("sqlite://{}", path.display());
+        let sqlite = serve(&sqlite_url).await?;
+        seed_sqlite(&sqlite_url, o.count).await?;
+        runs.push(http("http/sqlite", &sqlite, &o).await?);
+        drop(sqlite);
+        for suffix in ["", "-wal", "-shm"] {
+            let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+        }
+    }
+
+    match std::env::var("MYSQL_URL") {
+        Ok(mysql_base) => {
+            if o.wants("library/mysql") {
+                let url = fresh_mysql_db(&mysql_base, "onceflow_bench_library").await?;
+                let store = MySqlStore::connect(&url, pool_size).await?;
+                store.migrate().await?;
+                seed_mysql(&url, o.count).await?;
+                runs.push(library("library/mysql", store, &o).await?);
+            }
+            if o.wants("http/mysql") {
+                let url = fresh_mysql_db(&mysql_base, "onceflow_bench_http").await?;
+                let server = serve(&url).await?;
+                seed_mysql(&url, o.count).await?;
+                runs.push(http("http/mysql", &server, &o).await?);
+            }
+        }
+        Err(_) => eprintln!("MYSQL_URL is not set: no MySQL scenarios"),
     }
 
     print(&runs, seed, floor);
-    println!(
-        "\n{} concurrent requests with one token: all answered identically in {:.0} ms, {} channel charge call(s)",
-        o.storm,
-        storm_time.as_secs_f64() * 1000.0,
-        storm_charges
-    );
+    if let Some((storm_time, storm_charges)) = stormed {
+        println!(
+            "\n{} concurrent requests with one token: all answered identically in {:.0} ms, {} channel charge call(s)",
+            o.storm,
+            storm_time.as_secs_f64() * 1000.0,
+            storm_charges
+        );
+    }
     Ok(())
 }
