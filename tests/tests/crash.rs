@@ -49,20 +49,20 @@ fn crash_matrix(url: &str) -> Vec<String> {
     ids
 }
 
+/// Runs the crash matrix against `url` in worker processes, then checks every workflow through `store`.
+async fn crash_and_check<S: TestDb>(url: String, store: impl std::future::Future<Output = onceflow_engine::Result<S>>) {
+    let ids = tokio::task::spawn_blocking(move || crash_matrix(&url)).await.unwrap();
+    let store = store.await.unwrap();
+    for id in ids {
+        check(&store, &id).await;
+    }
+}
+
 #[tokio::test]
 async fn sigkill_then_resume_on_sqlite() {
     let path = std::env::temp_dir().join(format!("onceflow-crash-{}.db", uuid::Uuid::new_v4()));
     let url = format!("sqlite://{}", path.display());
-    let ids = tokio::task::spawn_blocking({
-        let url = url.clone();
-        move || crash_matrix(&url)
-    })
-    .await
-    .unwrap();
-    let store = SqliteStore::connect(&url).await.unwrap();
-    for id in ids {
-        check(&store, &id).await;
-    }
+    crash_and_check(url.clone(), async move { SqliteStore::connect(&url).await }).await;
 }
 
 #[tokio::test]
@@ -71,16 +71,7 @@ async fn sigkill_then_resume_on_postgres() {
         eprintln!("skipped: DATABASE_URL is not set");
         return;
     };
-    let ids = tokio::task::spawn_blocking({
-        let url = url.clone();
-        move || crash_matrix(&url)
-    })
-    .await
-    .unwrap();
-    let store = PgStore::connect(&url, 2).await.unwrap();
-    for id in ids {
-        check(&store, &id).await;
-    }
+    crash_and_check(url.clone(), async move { PgStore::connect(&url, 2).await }).await;
 }
 
 #[tokio::test]
@@ -89,14 +80,5 @@ async fn sigkill_then_resume_on_mysql() {
         eprintln!("skipped: MYSQL_URL is not set");
         return;
     };
-    let ids = tokio::task::spawn_blocking({
-        let url = url.clone();
-        move || crash_matrix(&url)
-    })
-    .await
-    .unwrap();
-    let store = MySqlStore::connect(&url, 2).await.unwrap();
-    for id in ids {
-        check(&store, &id).await;
-    }
+    crash_and_check(url.clone(), async move { MySqlStore::connect(&url, 2).await }).await;
 }
