@@ -15,7 +15,7 @@ use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
 use sqlx::{Executor, MySql};
 
 use super::{
-    CompensationRecord, Conn, Listener, Reopen, StepRecord, Store, Tx, WorkflowRecord, WorkflowUpdate, shared, state,
+    CompensationRecord, Conn, Listener, Reopen, StepRecord, Store, Tx, WorkflowRecord, WorkflowUpdate, shared,
 };
 use crate::error::Result;
 
@@ -289,23 +289,9 @@ impl Store for MySqlStore {
         if !from_states.contains(&current.as_str()) {
             return Ok(None);
         }
-        let (new_state, clear_error, cleanup): (_, _, &[&str]) = match how {
-            Reopen::Forward => {
-                (state::RUNNING, true, &["DELETE FROM workflow_steps WHERE workflow_id = ? AND status = 'failed'"])
-            }
-            Reopen::Compensation => (
-                state::COMPENSATING,
-                false,
-                &[
-                    "UPDATE workflow_compensations SET status = 'registered' WHERE workflow_id = ? AND status = 'failed'",
-                    "DELETE FROM workflow_steps WHERE workflow_id = ? AND status = 'failed' \
-                     AND step_key LIKE 'compensate/%'",
-                ],
-            ),
-            Reopen::Cancel => (state::COMPENSATING, false, &[]),
-        };
+        let (new_state, clear_error, cleanup) = shared::reopen_plan(how);
         for sql in cleanup {
-            sqlx::query(*sql).bind(workflow_id).execute(&mut *tx).await?;
+            sqlx::query(sqlx::AssertSqlSafe(sql.replace("$1", "?"))).bind(workflow_id).execute(&mut *tx).await?;
         }
         sqlx::query(
             "UPDATE workflows SET state = ?, error = CASE WHEN ? THEN NULL ELSE COALESCE(?, error) END, \

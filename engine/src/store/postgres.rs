@@ -8,7 +8,7 @@ use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
 
 use super::{
     Checkpoint, CompensationRecord, Conn, Listener, ListenerInner, Reopen, StepRecord, Store, Tx, WorkflowRecord,
-    WorkflowUpdate, shared, shared::shared_store_methods, state,
+    WorkflowUpdate, shared, shared::shared_store_methods,
 };
 use crate::error::Result;
 

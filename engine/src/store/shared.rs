@@ -61,6 +61,26 @@ pub(crate) const STEP_COLUMNS: &str =
 pub(crate) const COMPENSATION_COLUMNS: &str =
     "workflow_compensations (workflow_id, seq, step_key, name, input, status)";
 
+/// What an operator action does to a workflow: its new state, whether its error is cleared, and the cleanup
+/// statements to run first (one parameter, the workflow id, written `$1`).
+pub(crate) fn reopen_plan(how: super::Reopen) -> (&'static str, bool, &'static [&'static str]) {
+    use super::{Reopen, state};
+    match how {
+        Reopen::Forward => {
+            (state::RUNNING, true, &["DELETE FROM workflow_steps WHERE workflow_id = $1 AND status = 'failed'"])
+        }
+        Reopen::Compensation => (
+            state::COMPENSATING,
+            false,
+            &[
+                "UPDATE workflow_compensations SET status = 'registered' WHERE workflow_id = $1 AND status = 'failed'",
+                "DELETE FROM workflow_steps WHERE workflow_id = $1 AND status = 'failed' AND step_key LIKE 'compensate/%'",
+            ],
+        ),
+        Reopen::Cancel => (state::COMPENSATING, false, &[]),
+    }
+}
+
 /// `INSERT … VALUES (…), (…) ON CONFLICT … DO UPDATE` for `rows` step rows, parameters from `$first`.
 pub(crate) fn upsert_steps_sql(rows: usize, first: usize) -> String {
     let mut sql = format!("INSERT INTO {STEP_COLUMNS} VALUES ");
@@ -252,12 +272,7 @@ macro_rules! shared_store_methods {
         }
 
         async fn list(&self, state: Option<&str>, before: Option<i64>, limit: i64) -> Result<Vec<WorkflowRecord>> {
-            Ok(sqlx::query_as(shared::LIST)
-                .bind(state)
-                .bind(before)
-                .bind(limit)
-                .fetch_all(&self.pool)
-                .await?)
+            Ok(sqlx::query_as(shared::LIST).bind(state).bind(before).bind(limit).fetch_all(&self.pool).await?)
         }
 
         async fn reopen(
@@ -269,39 +284,17 @@ macro_rules! shared_store_methods {
             now: i64,
         ) -> Result<Option<WorkflowRecord>> {
             let mut tx = self.begin().await?;
-            let current: Option<String> = sqlx::query_scalar(Self::SELECT_STATE_FOR_UPDATE)
-                .bind(workflow_id)
-                .fetch_optional(&mut *tx)
-                .await?;
+            let current: Option<String> =
+                sqlx::query_scalar(Self::SELECT_STATE_FOR_UPDATE).bind(workflow_id).fetch_optional(&mut *tx).await?;
             let Some(current) = current else {
                 return Err(crate::Error::NotFound(workflow_id.to_owned()));
             };
             if !from_states.contains(&current.as_str()) {
                 return Ok(None);
             }
-            let (new_state, clear_error, cleanup) = match how {
-                Reopen::Forward => (
-                    state::RUNNING,
-                    true,
-                    Some("DELETE FROM workflow_steps WHERE workflow_id = $1 AND status = 'failed'"),
-                ),
-                Reopen::Compensation => (
-                    state::COMPENSATING,
-                    false,
-                    Some("UPDATE workflow_compensations SET status = 'registered' WHERE workflow_id = $1 AND status = 'failed'"),
-                ),
-                Reopen::Cancel => (state::COMPENSATING, false, None),
-            };
-            if let Some(cleanup) = cleanup {
-                sqlx::query(cleanup).bind(workflow_id).execute(&mut *tx).await?;
-            }
-            if how == Reopen::Compensation {
-                sqlx::query(
-                    "DELETE FROM workflow_steps WHERE workflow_id = $1 AND status = 'failed' AND step_key LIKE 'compensate/%'",
-                )
-                .bind(workflow_id)
-                .execute(&mut *tx)
-                .await?;
+            let (new_state, clear_error, cleanup) = shared::reopen_plan(how);
+            for sql in cleanup {
+                sqlx::query(*sql).bind(workflow_id).execute(&mut *tx).await?;
             }
             let row: WorkflowRecord = sqlx::query_as(
                 "UPDATE workflows SET state = $2, error = CASE WHEN $3 THEN NULL ELSE COALESCE($4, error) END, \

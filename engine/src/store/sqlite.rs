@@ -8,7 +8,7 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, S
 
 use super::{
     CompensationRecord, Conn, Listener, Reopen, StepRecord, Store, Tx, WorkflowRecord, WorkflowUpdate, shared,
-    shared::shared_store_methods, state,
+    shared::shared_store_methods,
 };
 use crate::error::Result;
 

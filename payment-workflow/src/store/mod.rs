@@ -23,6 +23,17 @@ pub enum Reserve {
     NotPayable,
 }
 
+impl Reserve {
+    /// Why an order (its amount and currency as `found`, if it exists) could not be reserved.
+    fn refused(found: Option<(i64, String)>, amount: i64, currency: &str) -> Self {
+        match found {
+            None => Self::NotFound,
+            Some((a, c)) if a != amount || c != currency => Self::Mismatch,
+            Some(_) => Self::NotPayable,
+        }
+    }
+}
+
 #[derive(sqlx::FromRow)]
 struct TokenCheck {
     #[sqlx(flatten)]
@@ -225,11 +236,7 @@ macro_rules! impl_payment_store {
                             .bind(&order_no)
                             .fetch_optional(&mut *conn)
                             .await?;
-                    Ok(match found {
-                        None => Reserve::NotFound,
-                        Some((a, c)) if a != amount || c != currency => Reserve::Mismatch,
-                        Some(_) => Reserve::NotPayable,
-                    })
+                    Ok(Reserve::refused(found, amount, &currency))
                 })
             }
 

@@ -93,11 +93,7 @@ impl PaymentStore for MySqlStore {
                     .bind(&order_no)
                     .fetch_optional(&mut *conn)
                     .await?;
-            Ok(match found {
-                None => Reserve::NotFound,
-                Some((a, c)) if a != amount || c != currency => Reserve::Mismatch,
-                Some(_) => Reserve::NotPayable,
-            })
+            Ok(Reserve::refused(found, amount, &currency))
         })
     }
 
