@@ -1,48 +1,111 @@
 //! The database goes away under load: requests fail fast with `503 unavailable` and `Retry-After` (no hang,
-//! no 500), the process stays up, and once Postgres is back the in-flight payments finish with the invariants
-//! intact. This test stops and starts the machine's Postgres cluster, so it lives alone in its test binary
-//! (cargo runs test binaries one after another).
+//! no 500), the process stays up, and once the database is back the in-flight payments finish with the
+//! invariants intact. These tests stop and start the machine's Postgres cluster and MariaDB server, so they live
+//! alone in their test binary (cargo runs test binaries one after another).
 
 mod common;
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use onceflow_engine::PgStore;
-use onceflow_payments::{MockChannel, MockChannelConfig, check_invariants, mock_channel_router};
+use onceflow_engine::{MySqlStore, PgStore};
+use onceflow_payments::{MockChannel, MockChannelConfig, PaymentStore, check_invariants, mock_channel_router};
 use serde_json::json;
 
 const ONCEFLOW: &str = env!("CARGO_BIN_EXE_onceflow");
 
-fn cluster() -> Option<String> {
-    let version = std::fs::read_dir("/etc/postgresql").ok()?.next()?.ok()?.file_name().into_string().ok()?;
-    Command::new("pg_ctlcluster").arg("--help").stdout(Stdio::null()).stderr(Stdio::null()).status().ok()?;
-    Some(version)
+/// A database server on this machine the test can stop and start.
+trait Server {
+    fn stop(&self);
+    fn start(&self);
+    fn ready(&self) -> bool;
 }
 
-fn pg(action: &str, version: &str) {
-    let status = Command::new("pg_ctlcluster")
-        .args(["--skip-systemctl-redirect", version, "main", action, "-m", "fast"])
-        .status()
-        .expect("pg_ctlcluster");
-    assert!(status.success() || action == "start", "pg_ctlcluster {action} failed");
-}
+/// The machine's Postgres cluster (`pg_ctlcluster`).
+struct Postgres(String);
 
-fn wait_pg_ready() {
-    let started = Instant::now();
-    while !Command::new("pg_isready").args(["-h", "127.0.0.1", "-q"]).status().is_ok_and(|s| s.success()) {
-        assert!(started.elapsed() < Duration::from_secs(60), "Postgres did not come back");
-        std::thread::sleep(Duration::from_millis(200));
+impl Postgres {
+    fn find() -> Option<Self> {
+        let version = std::fs::read_dir("/etc/postgresql").ok()?.next()?.ok()?.file_name().into_string().ok()?;
+        Command::new("pg_ctlcluster").arg("--help").stdout(Stdio::null()).stderr(Stdio::null()).status().ok()?;
+        Some(Self(version))
+    }
+
+    fn ctl(&self, action: &str) -> bool {
+        Command::new("pg_ctlcluster")
+            .args(["--skip-systemctl-redirect", &self.0, "main", action, "-m", "fast"])
+            .status()
+            .is_ok_and(|s| s.success())
     }
 }
 
-/// Starts Postgres again whatever happens to the test.
-struct Restart(String);
+impl Server for Postgres {
+    fn stop(&self) {
+        assert!(self.ctl("stop"), "pg_ctlcluster stop failed");
+    }
 
-impl Drop for Restart {
+    fn start(&self) {
+        self.ctl("start");
+    }
+
+    fn ready(&self) -> bool {
+        Command::new("pg_isready").args(["-h", "127.0.0.1", "-q"]).status().is_ok_and(|s| s.success())
+    }
+}
+
+/// The machine's MariaDB server (`mysqladmin shutdown`, `start-stop-daemon`, as `.ci/run` starts it).
+struct MariaDb;
+
+impl MariaDb {
+    fn find() -> Option<Self> {
+        std::path::Path::new("/usr/sbin/mariadbd").exists().then_some(Self)
+    }
+
+    fn running() -> bool {
+        Command::new("pidof").arg("mariadbd").stdout(Stdio::null()).status().is_ok_and(|s| s.success())
+    }
+}
+
+impl Server for MariaDb {
+    fn stop(&self) {
+        let stopped = Command::new("mysqladmin").args(["-h", "127.0.0.1", "-u", "root", "shutdown"]).status();
+        assert!(stopped.is_ok_and(|s| s.success()), "mysqladmin shutdown failed");
+        let asked = Instant::now();
+        while Self::running() {
+            assert!(asked.elapsed() < Duration::from_secs(60), "MariaDB did not stop");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn start(&self) {
+        let _ = std::fs::create_dir_all("/run/mysqld");
+        let _ = Command::new("chown").args(["mysql:mysql", "/run/mysqld"]).status();
+        let _ = Command::new("start-stop-daemon")
+            .args(["--start", "--oknodo", "--background", "--exec", "/usr/sbin/mariadbd"])
+            .status();
+    }
+
+    fn ready(&self) -> bool {
+        Command::new("mysqladmin")
+            .args(["-h", "127.0.0.1", "-u", "root", "--silent", "ping"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    }
+}
+
+/// Starts the server again whatever happens to the test.
+struct Restart<'a>(&'a dyn Server);
+
+impl Drop for Restart<'_> {
     fn drop(&mut self) {
-        pg("start", &self.0);
-        wait_pg_ready();
+        self.0.start();
+        let started = Instant::now();
+        while !self.0.ready() {
+            assert!(started.elapsed() < Duration::from_secs(60), "the database did not come back");
+            std::thread::sleep(Duration::from_millis(200));
+        }
     }
 }
 
@@ -56,15 +119,34 @@ impl Drop for Serve {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_database_outage_is_503_then_everything_finishes() {
+async fn a_database_outage_is_503_then_everything_finishes_postgres() {
     let Some(db) = common::database("postgres").await else {
         eprintln!("skipped: DATABASE_URL is not set");
         return;
     };
-    let Some(version) = cluster() else {
+    let Some(server) = Postgres::find() else {
         eprintln!("skipped: no local Postgres cluster to stop");
         return;
     };
+    outage(&db, &server, async { PgStore::connect(&db, 2).await.unwrap() }).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_outage_is_503_then_everything_finishes_mysql() {
+    let Some(db) = common::database("mysql").await else {
+        eprintln!("skipped: MYSQL_URL is not set");
+        return;
+    };
+    let Some(server) = MariaDb::find() else {
+        eprintln!("skipped: no local MariaDB server to stop");
+        return;
+    };
+    outage(&db, &server, async { MySqlStore::connect(&db, 2).await.unwrap() }).await;
+}
+
+/// Payments in flight against `db`, `server` stopped and started again; checked afterwards through the store
+/// `connect` opens.
+async fn outage<S: PaymentStore>(db: &str, server: &dyn Server, connect: impl std::future::Future<Output = S>) {
     let ledger = MockChannel::new(MockChannelConfig { latency_ms: 1500, ..Default::default() });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let channel = format!("http://{}", listener.local_addr().unwrap());
@@ -73,7 +155,7 @@ async fn a_database_outage_is_503_then_everything_finishes() {
     let base = format!("http://127.0.0.1:{port}");
     let serve = Serve(
         Command::new(ONCEFLOW)
-            .args(["serve", "--database-url", &db, "--listen", &format!("127.0.0.1:{port}")])
+            .args(["serve", "--database-url", db, "--listen", &format!("127.0.0.1:{port}")])
             .args(["--channel-url", &channel, "--lease-ms", "1000"])
             .env("RUST_LOG", "error")
             .stdout(Stdio::null())
@@ -107,8 +189,8 @@ async fn a_database_outage_is_503_then_everything_finishes() {
         tokens.push((token, order));
     }
 
-    let restart = Restart(version.clone());
-    pg("stop", &version);
+    let restart = Restart(server);
+    server.stop();
     let asked = Instant::now();
     for path in ["/v1/tokens", "/v1/payments"] {
         let r = client
@@ -141,7 +223,7 @@ async fn a_database_outage_is_503_then_everything_finishes() {
             .unwrap();
         assert_eq!(r.status(), 201, "{}", r.text().await.unwrap_or_default());
     }
-    let store = PgStore::connect(&db, 2).await.unwrap();
+    let store = connect.await;
     let violations = check_invariants(&store, &ledger.ledger()).await.unwrap();
     assert!(violations.is_empty(), "{violations:?}");
     assert_eq!(ledger.ledger().charges.len(), 5);
