@@ -13,7 +13,7 @@ use crate::engine::{Core, StartSignal};
 use crate::error::{Failure, Interrupt, StepError, TRANSIENT_RETRY_MS, is_transient};
 use crate::step::{Attempt, Previous, StepSpec};
 use crate::store::{
-    Checkpoint, CompensationRecord, Conn, Fence, StepRecord, Store, Tx, WorkflowRecord, WorkflowUpdate,
+    Checkpoint, CompensationRecord, Conn, Fence, Persisted, StepRecord, Store, Tx, WorkflowRecord, WorkflowUpdate,
     compensation_status, kind, state, step_status,
 };
 use crate::workflow::BoxFuture;
@@ -28,9 +28,9 @@ pub struct WorkflowContext<S: Store> {
     workflow_id: String,
     input: String,
     epoch: i64,
-    /// The workflow row, while it is not yet in the database: it is inserted by the first commit.
+    /// The workflow row, while it is not yet in the database: it is inserted by the first commit, whose
+    /// transaction rolls back (and the run stops as a duplicate) if another start inserted it first.
     insert: Option<WorkflowRecord>,
-    inserted_in_tx: bool,
     /// Committed steps, and the uncommitted ones of the open phase.
     history: HashMap<String, StepRecord>,
     tx: Option<Tx<S>>,
@@ -59,7 +59,6 @@ impl<S: Store> WorkflowContext<S> {
             input: record.input.clone(),
             epoch: record.lease_epoch,
             insert: insert.then(|| record.clone()),
-            inserted_in_tx: false,
             history: steps.into_iter().map(|s| (s.step_key.clone(), s)).collect(),
             tx: None,
             pending_steps: Vec::new(),
@@ -321,15 +320,7 @@ impl<S: Store> WorkflowContext<S> {
 
     async fn open_tx(&mut self) -> Result<&mut Tx<S>, Interrupt> {
         if self.tx.is_none() {
-            let mut tx = self.core.store.begin().await?;
-            if let Some(row) = &self.insert {
-                if !self.core.store.insert_workflow(&mut tx, row).await? {
-                    let _ = tx.rollback().await;
-                    return Err(Interrupt::Duplicate);
-                }
-                self.inserted_in_tx = true;
-            }
-            self.tx = Some(tx);
+            self.tx = Some(self.core.store.begin().await?);
         }
         self.tx.as_mut().ok_or(Interrupt::LeaseLost)
     }
@@ -340,7 +331,6 @@ impl<S: Store> WorkflowContext<S> {
         if let Some(tx) = self.tx.take() {
             let _ = tx.rollback().await;
         }
-        self.inserted_in_tx = false;
         let history = &mut self.history;
         self.pending_steps.retain(|s| {
             let keep = s.kind == kind::EXTERNAL;
@@ -368,21 +358,25 @@ impl<S: Store> WorkflowContext<S> {
         let Some(mut tx) = self.tx.take() else {
             return Err(Interrupt::LeaseLost);
         };
-        // From here an early return drops (rolls back) the transaction, and with it any insert it made.
-        let inserted_here = std::mem::take(&mut self.inserted_in_tx);
-        // A row this very transaction inserted already carries our epoch: with nothing to change on it, the
-        // fence would only write a second version of it.
-        let unchanged = update.state.is_none()
-            && update.output.is_none()
-            && update.error.is_none()
-            && update.release_until.is_none();
-        let fence = (!(inserted_here && unchanged)).then_some(Fence { workflow_id: &id, epoch, update: &update, now });
-        let checkpoint = Checkpoint { steps: &self.pending_steps, compensations: &self.pending_comps, fence };
-        let Some(notify) = store.persist(&mut tx, &checkpoint).await? else {
-            return Err(Interrupt::LeaseLost);
+        // From here an early return drops (rolls back) the transaction. Before the first commit nothing has
+        // left the database (an external step commits its intent first), so a duplicate undoes everything.
+        // The first commit inserts the row as this commit leaves it: no fence, the epoch is ours.
+        let inserting = self.insert.as_ref().map(|row| update.applied_to(row, now));
+        let fence = inserting.is_none().then_some(Fence { workflow_id: &id, epoch, update: &update, now });
+        let checkpoint = Checkpoint {
+            insert: inserting.as_ref(),
+            steps: &self.pending_steps,
+            compensations: &self.pending_comps,
+            fence,
         };
-        if notify && update.state.is_some_and(state::is_final) {
-            store.notify_finished(&mut tx, &id).await?;
+        match store.persist(&mut tx, &checkpoint).await? {
+            Persisted::Duplicate => return Err(Interrupt::Duplicate),
+            Persisted::LeaseLost => return Err(Interrupt::LeaseLost),
+            Persisted::Done { notify } => {
+                if notify && update.state.is_some_and(state::is_final) {
+                    store.notify_finished(&mut tx, &id).await?;
+                }
+            }
         }
         tx.commit().await?;
         self.insert = None;

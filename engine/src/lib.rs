@@ -60,8 +60,8 @@ pub use outcome::Outcome;
 pub use retry::RetryPolicy;
 pub use step::{Attempt, Previous, StepSpec, step};
 pub use store::{
-    Checkpoint, CompensationRecord, Conn, Fence, Listener, MYSQL_MIGRATOR, MySqlStore, POSTGRES_MIGRATOR, PgStore,
-    Reopen, SQLITE_MIGRATOR, SqliteStore, StepRecord, Store, Tx, WorkflowRecord, WorkflowUpdate, compensation_status,
-    kind, state, step_status,
+    Checkpoint, CompensationRecord, Conn, Fence, Listener, MYSQL_MIGRATOR, MySqlStore, POSTGRES_MIGRATOR, Persisted,
+    PgStore, Reopen, SQLITE_MIGRATOR, SqliteStore, StepRecord, Store, Tx, WorkflowRecord, WorkflowUpdate,
+    compensation_status, kind, state, step_status,
 };
 pub use workflow::{BoxFuture, Compensation, Workflow};

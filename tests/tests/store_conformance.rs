@@ -1,6 +1,6 @@
 //! The `Store` contract, run against every backend: what the engine relies on from each database.
 
-use onceflow_engine::{Reopen, StepRecord, WorkflowRecord, WorkflowUpdate, state};
+use onceflow_engine::{Checkpoint, Fence, Persisted, Reopen, StepRecord, WorkflowRecord, WorkflowUpdate, state};
 use onceflow_tests::{TestDb, on_every_backend};
 
 fn workflow(id: &str, owner: Option<&str>, lease_expires_at: Option<i64>, next_attempt_at: i64) -> WorkflowRecord {
@@ -46,6 +46,38 @@ async fn insert_is_unique<S: TestDb>(store: S) {
     tx.commit().await.unwrap();
     assert_eq!(store.workflow("w").await.unwrap().unwrap().lease_owner.as_deref(), Some("me"));
     assert_eq!(store.workflow("nope").await.unwrap(), None);
+}
+
+/// A first commit inserts its workflow row with its steps; a second start's first commit finds the row and
+/// reports a duplicate (the engine then rolls it back); a later commit is fenced by the epoch.
+async fn persist_inserts_once_then_fences<S: TestDb>(store: S) {
+    let row = workflow("w", Some("me"), Some(100), 0);
+    let first = Checkpoint {
+        insert: Some(&row),
+        steps: &[step_row("w", "a", "completed", 1)],
+        compensations: &[],
+        fence: None,
+    };
+    let mut tx = store.begin().await.unwrap();
+    assert_eq!(store.persist(&mut tx, &first).await.unwrap(), Persisted::Done { notify: false });
+    tx.commit().await.unwrap();
+    let other = workflow("w", Some("you"), Some(100), 0);
+    let second =
+        Checkpoint { insert: Some(&other), steps: &[step_row("w", "a", "failed", 1)], compensations: &[], fence: None };
+    let mut tx = store.begin().await.unwrap();
+    assert_eq!(store.persist(&mut tx, &second).await.unwrap(), Persisted::Duplicate);
+    tx.rollback().await.unwrap();
+    assert_eq!(store.workflow("w").await.unwrap().unwrap().lease_owner.as_deref(), Some("me"));
+    assert_eq!(store.steps("w").await.unwrap()[0].status, "completed");
+    let update = WorkflowUpdate { state: Some(state::COMPLETED), ..Default::default() };
+    for (epoch, expected) in [(2, Persisted::LeaseLost), (1, Persisted::Done { notify: false })] {
+        let fence = Some(Fence { workflow_id: "w", epoch, update: &update, now: 5 });
+        let mut tx = store.begin().await.unwrap();
+        let done = store.persist(&mut tx, &Checkpoint { insert: None, steps: &[], compensations: &[], fence }).await;
+        assert_eq!(done.unwrap(), expected, "epoch {epoch}");
+        tx.commit().await.unwrap();
+    }
+    assert_eq!(store.workflow("w").await.unwrap().unwrap().state, state::COMPLETED);
 }
 
 async fn steps_upsert_by_key<S: TestDb>(store: S) {
@@ -124,6 +156,7 @@ async fn lists_notifies_and_reopens<S: TestDb>(store: S) {
 }
 
 on_every_backend!(
+    persist_inserts_once_then_fences,
     insert_is_unique,
     steps_upsert_by_key,
     the_fence_checks_the_epoch,

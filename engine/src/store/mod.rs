@@ -165,9 +165,48 @@ pub struct WorkflowUpdate {
     pub release_until: Option<i64>,
 }
 
+impl WorkflowUpdate {
+    /// `row` as this update leaves it: what the fence writes, for a row not yet inserted.
+    pub fn applied_to(&self, row: &WorkflowRecord, now: i64) -> WorkflowRecord {
+        let mut row = row.clone();
+        if let Some(state) = self.state {
+            state.clone_into(&mut row.state);
+        }
+        if self.output.is_some() {
+            row.output.clone_from(&self.output);
+        }
+        if self.error.is_some() {
+            row.error.clone_from(&self.error);
+        }
+        if let Some(until) = self.release_until {
+            row.lease_owner = None;
+            row.lease_expires_at = None;
+            row.next_attempt_at = until;
+        }
+        row.updated_at = now;
+        row
+    }
+}
+
+/// What a commit's bookkeeping found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Persisted {
+    /// Written; `notify` tells whether a waiter elsewhere asked to hear of the end.
+    Done {
+        /// A waiter in another process asked to be notified.
+        notify: bool,
+    },
+    /// The fence found another epoch: this worker lost the lease and must roll back.
+    LeaseLost,
+    /// The workflow row to insert exists: another start recorded it first; roll back.
+    Duplicate,
+}
+
 /// Everything one commit writes besides the business rows.
 #[derive(Debug, Clone, Copy)]
 pub struct Checkpoint<'a> {
+    /// The workflow row, on its first commit (then there is no fence).
+    pub insert: Option<&'a WorkflowRecord>,
     /// Step rows to insert or replace.
     pub steps: &'a [StepRecord],
     /// Compensation rows to insert or replace.
@@ -248,21 +287,28 @@ pub trait Store: Clone + Send + Sync + 'static {
         now: i64,
     ) -> impl Future<Output = Result<Option<bool>>> + Send;
 
-    /// Writes a commit's bookkeeping inside its transaction: step rows, compensation rows, and (when given)
-    /// the fence. Returns `None` when the fence found the lease lost, else whether a waiter elsewhere asked to
-    /// be notified. Backends may do it in one round trip.
+    /// Writes a commit's bookkeeping inside its transaction: the workflow row (on its first commit), step
+    /// rows, compensation rows, and (when given) the fence. Backends may do it in one round trip.
     fn persist(
         &self,
         conn: &mut Conn<Self>,
         checkpoint: &Checkpoint<'_>,
-    ) -> impl Future<Output = Result<Option<bool>>> + Send {
+    ) -> impl Future<Output = Result<Persisted>> + Send {
         async move {
+            if let Some(row) = checkpoint.insert
+                && !self.insert_workflow(conn, row).await?
+            {
+                return Ok(Persisted::Duplicate);
+            }
             self.write_steps(conn, checkpoint.steps).await?;
             self.write_compensations(conn, checkpoint.compensations).await?;
-            match &checkpoint.fence {
-                Some(f) => self.fence(conn, f.workflow_id, f.epoch, f.update, f.now).await,
-                None => Ok(Some(false)),
-            }
+            Ok(match &checkpoint.fence {
+                Some(f) => match self.fence(conn, f.workflow_id, f.epoch, f.update, f.now).await? {
+                    Some(notify) => Persisted::Done { notify },
+                    None => Persisted::LeaseLost,
+                },
+                None => Persisted::Done { notify: false },
+            })
         }
     }
 

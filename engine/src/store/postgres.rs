@@ -7,8 +7,8 @@ use sqlx::Postgres;
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
 
 use super::{
-    Checkpoint, CompensationRecord, Conn, Listener, ListenerInner, Reopen, StepRecord, Store, Tx, WorkflowRecord,
-    WorkflowUpdate, shared, shared::shared_store_methods,
+    Checkpoint, CompensationRecord, Conn, Listener, ListenerInner, Persisted, Reopen, StepRecord, Store, Tx,
+    WorkflowRecord, WorkflowUpdate, shared, shared::shared_store_methods,
 };
 use crate::error::Result;
 
@@ -88,12 +88,16 @@ impl Store for PgStore {
         .await?)
     }
 
-    /// One statement: the step and compensation upserts ride as data-modifying CTEs of the fence (or of the
-    /// last of them, without a fence).
-    async fn persist(&self, conn: &mut Conn<Self>, checkpoint: &Checkpoint<'_>) -> Result<Option<bool>> {
+    /// One statement: the workflow insert (first commit) and the step and compensation upserts ride as
+    /// data-modifying CTEs of the fence, or of a final check that the insert happened.
+    async fn persist(&self, conn: &mut Conn<Self>, checkpoint: &Checkpoint<'_>) -> Result<Persisted> {
         let (steps, comps) = (checkpoint.steps, checkpoint.compensations);
         let mut parts = Vec::new();
         let mut next = 1;
+        if checkpoint.insert.is_some() {
+            parts.push(format!("{} RETURNING 1", shared::INSERT_WORKFLOW));
+            next += 14;
+        }
         if !steps.is_empty() {
             parts.push(shared::upsert_steps_sql(steps.len(), next));
             next += steps.len() * 10;
@@ -102,10 +106,13 @@ impl Store for PgStore {
             parts.push(shared::upsert_compensations_sql(comps.len(), next));
             next += comps.len() * 6;
         }
-        if checkpoint.fence.is_some() {
-            parts.push(shared::fence_sql(next));
+        match (checkpoint.insert, &checkpoint.fence) {
+            (_, Some(_)) => parts.push(shared::fence_sql(next)),
+            // `w0` is the insert: whether it wrote the row.
+            (Some(_), None) => parts.push("SELECT EXISTS (SELECT 1 FROM w0)".to_owned()),
+            (None, None) => {}
         }
-        let Some(last) = parts.pop() else { return Ok(Some(false)) };
+        let Some(last) = parts.pop() else { return Ok(Persisted::Done { notify: false }) };
         let mut sql = String::new();
         for (i, part) in parts.iter().enumerate() {
             sql.push_str(if i == 0 { "WITH " } else { ", " });
@@ -113,17 +120,28 @@ impl Store for PgStore {
         }
         sql.push(' ');
         sql.push_str(&last);
-        let Some(fence) = &checkpoint.fence else {
-            let q = sqlx::query(sqlx::AssertSqlSafe(sql));
-            shared::bind_compensations!(shared::bind_steps!(q, steps), comps).execute(&mut *conn).await?;
-            return Ok(Some(false));
-        };
+        // Every statement here returns one boolean column or nothing: the fence's `notify`, or the insert check.
         let q = sqlx::query_scalar(sqlx::AssertSqlSafe(sql));
+        let q = match checkpoint.insert {
+            Some(row) => shared::bind_workflow!(q, row),
+            None => q,
+        };
         let q = shared::bind_compensations!(shared::bind_steps!(q, steps), comps);
-        let notify: Option<bool> = shared::bind_fence!(q, fence.workflow_id, fence.epoch, fence.update, fence.now)
-            .fetch_optional(&mut *conn)
-            .await?;
-        Ok(notify)
+        Ok(match (checkpoint.insert, &checkpoint.fence) {
+            (_, Some(f)) => {
+                let notify: Option<bool> =
+                    shared::bind_fence!(q, f.workflow_id, f.epoch, f.update, f.now).fetch_optional(&mut *conn).await?;
+                notify.map_or(Persisted::LeaseLost, |notify| Persisted::Done { notify })
+            }
+            (Some(_), None) => {
+                let inserted: bool = q.fetch_one(&mut *conn).await?;
+                if inserted { Persisted::Done { notify: false } } else { Persisted::Duplicate }
+            }
+            (None, None) => {
+                let _: Option<bool> = q.fetch_optional(&mut *conn).await?;
+                Persisted::Done { notify: false }
+            }
+        })
     }
 
     async fn listen(&self) -> Result<Option<Listener>> {
