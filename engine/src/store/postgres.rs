@@ -91,26 +91,10 @@ impl Store for PgStore {
     /// One statement: the workflow insert (first commit) and the step and compensation upserts ride as
     /// data-modifying CTEs of the fence, or of a final check that the insert happened.
     async fn persist(&self, conn: &mut Conn<Self>, checkpoint: &Checkpoint<'_>) -> Result<Persisted> {
-        let (steps, comps) = (checkpoint.steps, checkpoint.compensations);
-        let mut parts = Vec::new();
-        let mut next = 1;
-        if checkpoint.insert.is_some() {
-            parts.push(format!("{} RETURNING 1", shared::INSERT_WORKFLOW));
-            next += 14;
-        }
-        if !steps.is_empty() {
-            parts.push(shared::upsert_steps_sql(steps.len(), next));
-            next += steps.len() * 10;
-        }
-        if !comps.is_empty() {
-            parts.push(shared::upsert_compensations_sql(comps.len(), next));
-            next += comps.len() * 6;
-        }
-        match (checkpoint.insert, &checkpoint.fence) {
-            (_, Some(_)) => parts.push(shared::fence_sql(next)),
+        let mut parts = shared::checkpoint_statements(checkpoint);
+        if checkpoint.insert.is_some() && checkpoint.fence.is_none() {
             // `w0` is the insert: whether it wrote the row.
-            (Some(_), None) => parts.push("SELECT EXISTS (SELECT 1 FROM w0)".to_owned()),
-            (None, None) => {}
+            parts.push("SELECT EXISTS (SELECT 1 FROM w0)".to_owned());
         }
         let Some(last) = parts.pop() else { return Ok(Persisted::Done { notify: false }) };
         let mut sql = String::new();
@@ -120,27 +104,14 @@ impl Store for PgStore {
         }
         sql.push(' ');
         sql.push_str(&last);
-        // Every statement here returns one boolean column or nothing: the fence's `notify`, or the insert check.
-        let q = sqlx::query_scalar(sqlx::AssertSqlSafe(sql));
-        let q = match checkpoint.insert {
-            Some(row) => shared::bind_workflow!(q, row),
-            None => q,
-        };
-        let q = shared::bind_compensations!(shared::bind_steps!(q, steps), comps);
-        Ok(match (checkpoint.insert, &checkpoint.fence) {
-            (_, Some(f)) => {
-                let notify: Option<bool> =
-                    shared::bind_fence!(q, f.workflow_id, f.epoch, f.update, f.now).fetch_optional(&mut *conn).await?;
-                notify.map_or(Persisted::LeaseLost, |notify| Persisted::Done { notify })
-            }
-            (Some(_), None) => {
-                let inserted: bool = q.fetch_one(&mut *conn).await?;
-                if inserted { Persisted::Done { notify: false } } else { Persisted::Duplicate }
-            }
-            (None, None) => {
-                let _: Option<bool> = q.fetch_optional(&mut *conn).await?;
-                Persisted::Done { notify: false }
-            }
+        // The statement returns one boolean or nothing: the fence's `notify`, or whether the insert happened.
+        let q = shared::bind_checkpoint!(sqlx::query_scalar(sqlx::AssertSqlSafe(sql)), checkpoint);
+        let found: Option<bool> = q.fetch_optional(&mut *conn).await?;
+        Ok(match (checkpoint.insert, &checkpoint.fence, found) {
+            (_, Some(_), None) => Persisted::LeaseLost,
+            (_, Some(_), Some(notify)) => Persisted::Done { notify },
+            (Some(_), None, Some(false)) => Persisted::Duplicate,
+            _ => Persisted::Done { notify: false },
         })
     }
 

@@ -61,6 +61,31 @@ pub(crate) const STEP_COLUMNS: &str =
 pub(crate) const COMPENSATION_COLUMNS: &str =
     "workflow_compensations (workflow_id, seq, step_key, name, input, status)";
 
+/// A checkpoint's statements, parameters numbered from `$1` across all of them in the order
+/// [`bind_checkpoint`] binds: the workflow insert (`RETURNING 1 AS inserted`), the step upserts, the
+/// compensation upserts, the fence (`RETURNING notify`). Postgres runs them as one statement of CTEs, SQLite as
+/// one multi-statement query.
+pub(crate) fn checkpoint_statements(c: &super::Checkpoint<'_>) -> Vec<String> {
+    let mut parts = Vec::new();
+    let mut next = 1;
+    if c.insert.is_some() {
+        parts.push(format!("{INSERT_WORKFLOW} RETURNING 1 AS inserted"));
+        next += 14;
+    }
+    if !c.steps.is_empty() {
+        parts.push(upsert_steps_sql(c.steps.len(), next));
+        next += c.steps.len() * 10;
+    }
+    if !c.compensations.is_empty() {
+        parts.push(upsert_compensations_sql(c.compensations.len(), next));
+        next += c.compensations.len() * 6;
+    }
+    if c.fence.is_some() {
+        parts.push(fence_sql(next));
+    }
+    parts
+}
+
 /// What an operator action does to a workflow: its new state, whether its error is cleared, and the cleanup
 /// statements to run first (one parameter, the workflow id, written `$1`).
 pub(crate) fn reopen_plan(how: super::Reopen) -> (&'static str, bool, &'static [&'static str]) {
@@ -182,6 +207,22 @@ macro_rules! bind_fence {
             .bind($update.release_until)
             .bind($now)
     };
+}
+
+/// Binds a checkpoint in the parameter order of [`checkpoint_statements`].
+macro_rules! bind_checkpoint {
+    ($q:expr, $c:expr) => {{
+        let c = $c;
+        let q = match c.insert {
+            Some(row) => shared::bind_workflow!($q, row),
+            None => $q,
+        };
+        let q = shared::bind_compensations!(shared::bind_steps!(q, c.steps), c.compensations);
+        match &c.fence {
+            Some(f) => shared::bind_fence!(q, f.workflow_id, f.epoch, f.update, f.now),
+            None => q,
+        }
+    }};
 }
 
 /// The `Store` methods whose SQL and binding are the same on every backend. Expanded inside each backend's
@@ -314,7 +355,7 @@ macro_rules! shared_store_methods {
     };
 }
 
-pub(crate) use {bind_compensations, bind_fence, bind_steps, bind_workflow, shared_store_methods};
+pub(crate) use {bind_checkpoint, bind_compensations, bind_fence, bind_steps, bind_workflow, shared_store_methods};
 
 #[cfg(test)]
 mod tests {

@@ -3,12 +3,12 @@
 use std::str::FromStr;
 use std::time::Duration;
 
-use sqlx::Sqlite;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::{Row, Sqlite};
 
 use super::{
-    CompensationRecord, Conn, Listener, Reopen, StepRecord, Store, Tx, WorkflowRecord, WorkflowUpdate, shared,
-    shared::shared_store_methods,
+    Checkpoint, CompensationRecord, Conn, Listener, Persisted, Reopen, StepRecord, Store, Tx, WorkflowRecord,
+    WorkflowUpdate, shared, shared::shared_store_methods,
 };
 use crate::error::Result;
 
@@ -103,6 +103,27 @@ impl Store for SqliteStore {
         .await?;
         tx.commit().await?;
         Ok(claimed)
+    }
+
+    /// One multi-statement query (one trip to the connection's worker thread instead of up to four); its rows
+    /// tell whether the insert happened (`inserted`) and the fence's `notify`.
+    async fn persist(&self, conn: &mut Conn<Self>, checkpoint: &Checkpoint<'_>) -> Result<Persisted> {
+        let parts = shared::checkpoint_statements(checkpoint);
+        if parts.is_empty() {
+            return Ok(Persisted::Done { notify: false });
+        }
+        let q = shared::bind_checkpoint!(sqlx::query(sqlx::AssertSqlSafe(parts.join("; "))), checkpoint);
+        let rows = q.fetch_all(&mut *conn).await?;
+        if checkpoint.insert.is_some() && !rows.iter().any(|r| r.try_get::<i64, _>("inserted").is_ok()) {
+            return Ok(Persisted::Duplicate);
+        }
+        if checkpoint.fence.is_none() {
+            return Ok(Persisted::Done { notify: false });
+        }
+        Ok(match rows.iter().find_map(|r| r.try_get::<bool, _>("notify").ok()) {
+            Some(notify) => Persisted::Done { notify },
+            None => Persisted::LeaseLost,
+        })
     }
 
     async fn listen(&self) -> Result<Option<Listener>> {
