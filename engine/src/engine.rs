@@ -247,7 +247,9 @@ impl<S: Store> Engine<S> {
 
     /// Starts workflow `W` under `workflow_id` and runs it in this process. Returns once the workflow is
     /// durably recorded (its first commit). A start of an id already recorded with the same input attaches to
-    /// it; with another input it is [`Error::Conflict`].
+    /// it; with another input it is [`Error::Conflict`]. Two starts racing for one id both run the first
+    /// phase's transactional steps; the one whose first commit finds the row already there rolls its phase
+    /// back and attaches (so those steps must only touch the database, as every transactional step must).
     pub async fn start<W: Workflow<S>>(&self, workflow_id: &str, input: &W::Input) -> Result<Handle<S>> {
         let input = serde_json::to_string(input)?;
         let hash = input_hash(&input);
