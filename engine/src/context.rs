@@ -10,7 +10,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::engine::{Core, StartSignal};
-use crate::error::{Failure, Interrupt, StepError, TRANSIENT_RETRY_MS, is_transient};
+use crate::error::{Failure, Interrupt, StepError, is_transient};
 use crate::step::{Attempt, Previous, StepSpec};
 use crate::store::{
     Checkpoint, CompensationRecord, Conn, Fence, Persisted, StepRecord, Store, Tx, WorkflowRecord, WorkflowUpdate,
@@ -134,10 +134,10 @@ impl<S: Store> WorkflowContext<S> {
                 Err(Interrupt::Failed(failure))
             }
             Err(StepError::Database(e)) if is_transient(&e) => {
-                // A deadlock or lock timeout: the database undid the phase; replaying it is not another attempt.
+                // A deadlock or lock timeout undid the whole phase: not another attempt of this step. The run
+                // replays it like a commit that met one (see `run::drive`).
                 self.abort_phase().await;
-                tracing::debug!(step = %key, error = %e, "transient database error; replaying the phase");
-                Err(Interrupt::Retry { delay_ms: TRANSIENT_RETRY_MS })
+                Err(Interrupt::Engine(e.into()))
             }
             Err(e @ (StepError::Retryable(_) | StepError::UnknownOutcome(_) | StepError::Database(_))) => {
                 self.abort_phase().await;

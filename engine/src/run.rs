@@ -14,7 +14,7 @@ use crate::outcome::Outcome;
 use crate::store::{StepRecord, Store, WorkflowRecord, WorkflowUpdate, compensation_status, state};
 use crate::workflow::{Compensation, ErasedWorkflow};
 
-/// How many times in a row a commit failing with a transient error is replayed in place.
+/// How many times a run replays a phase or commit undone by a transient error before releasing the workflow.
 const MAX_TRANSIENT_REPLAYS: u32 = 5;
 
 /// Runs `record` until it ends or stops, then tells waiters. `insert` is true for a fresh start whose row the
@@ -62,8 +62,8 @@ async fn drive_until_stopped<S: Store>(
         ctx.restore_pending(std::mem::take(&mut carried));
         ctx.set_attempts(std::mem::take(&mut attempts));
         let result = match run_once(&mut ctx, wf, &record).await {
-            // A commit that deadlocked or timed out on a lock did nothing: replay it, a few times, before
-            // treating the database as failing.
+            // A phase or commit that deadlocked or timed out on a lock did nothing: replay it, a few times,
+            // before treating the database as failing.
             Err(Interrupt::Engine(Error::Database(e))) if is_transient(&e) && transient < MAX_TRANSIENT_REPLAYS => {
                 transient += 1;
                 tracing::debug!(workflow_id = %id, error = %e, "transient database error; replaying");
