@@ -8,9 +8,11 @@ use std::time::Duration;
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
+use serde_json::Value;
 
 use crate::engine::{Core, StartSignal};
-use crate::error::{Failure, Interrupt, StepError, is_transient};
+use crate::error::{Error, Failure, Interrupt, StepError, is_transient};
+use crate::phase::{PhaseCommit, PhaseRow, StatementOutcome, StatementPhase};
 use crate::step::{Attempt, Previous, StepSpec};
 use crate::store::{
     Checkpoint, CompensationRecord, Conn, Fence, Persisted, StepRecord, Store, Tx, WorkflowRecord, WorkflowUpdate,
@@ -42,6 +44,10 @@ pub struct WorkflowContext<S: Store> {
     prefix: String,
     tx_attempts: HashMap<String, u32>,
     first_commit: Option<StartSignal>,
+    /// A statement phase left for the workflow's completing commit ([`WorkflowContext::finish_with`]).
+    deferred: Option<StatementPhase>,
+    /// External steps whose first attempt's intent a statement phase of this run committed.
+    fresh_intents: HashSet<String>,
 }
 
 impl<S: Store> WorkflowContext<S> {
@@ -68,6 +74,8 @@ impl<S: Store> WorkflowContext<S> {
             prefix: String::new(),
             tx_attempts: HashMap::new(),
             first_commit,
+            deferred: None,
+            fresh_intents: HashSet::new(),
         }
     }
 
@@ -171,7 +179,10 @@ impl<S: Store> WorkflowContext<S> {
         if let Some(done) = self.replay(&key, &spec.name, kind::EXTERNAL)? {
             return done;
         }
+        // A statement phase just committed this step's first intent: attempt 1 starts from it.
+        let mut intent_committed = self.fresh_intents.remove(&key);
         let (mut attempts, mut previous, started_at) = match self.history.get(&key) {
+            Some(s) if intent_committed => (0, Previous::None, s.started_at),
             Some(s) => (
                 u32::try_from(s.attempts).unwrap_or(0),
                 match s.status.as_str() {
@@ -202,8 +213,10 @@ impl<S: Store> WorkflowContext<S> {
         loop {
             self.check_shutdown()?;
             attempts += 1;
-            self.push_step(row(step_status::STARTED, attempts, None, None, None));
-            self.commit(WorkflowUpdate::default()).await?;
+            if !std::mem::take(&mut intent_committed) {
+                self.push_step(row(step_status::STARTED, attempts, None, None, None));
+                self.commit(WorkflowUpdate::default()).await?;
+            }
             let result = f(Attempt { number: attempts, previous: previous.clone() }).await;
             let now = self.core.now();
             let (status, message, delay) = match result {
@@ -232,6 +245,171 @@ impl<S: Store> WorkflowContext<S> {
                 if status == step_status::UNKNOWN { Previous::Unknown } else { Previous::Failed(message.clone()) };
             self.push_step(row(status, attempts, None, Some(message), None));
             self.wait(delay).await?;
+        }
+    }
+
+    /// Runs a statement phase: its transactional steps (see [`StatementPhase`]) and the commit they end with, as
+    /// one statement where the store can (Postgres: one round trip). Returns each step's output, `None` for a
+    /// step whose condition did not hold and for an external step's intent. A phase that already committed
+    /// returns its stored outputs; an open phase of closure steps commits first. Only for stores with
+    /// single-statement commits: elsewhere it fails the run (build phases only where the store has them).
+    pub async fn statement_phase(&mut self, phase: StatementPhase) -> Result<Vec<Option<Value>>, Interrupt> {
+        if let Some(outputs) = self.replay_phase(&phase)? {
+            return Ok(outputs);
+        }
+        self.check_shutdown()?;
+        if self.tx.is_some() {
+            self.commit(WorkflowUpdate::default()).await?;
+        }
+        self.run_phase(&phase, &WorkflowUpdate::default()).await
+    }
+
+    /// Defers the statement phase `phase` to the commit that completes the workflow, and returns `output`, which
+    /// the body must return at once: the phase's steps, the workflow's end and its output are then written by
+    /// one statement. If the phase's guard does not hold there, the workflow fails with the guard's failure
+    /// (and compensates) instead of completing.
+    pub async fn finish_with<T>(&mut self, phase: StatementPhase, output: T) -> Result<T, Interrupt> {
+        if self.replay_phase(&phase)?.is_some() {
+            return Ok(output);
+        }
+        self.check_shutdown()?;
+        if self.tx.is_some() {
+            self.commit(WorkflowUpdate::default()).await?;
+        }
+        self.deferred = Some(phase);
+        Ok(output)
+    }
+
+    /// A phase's stored outputs, if it committed before.
+    fn replay_phase(&self, phase: &StatementPhase) -> Result<Option<Vec<Option<Value>>>, Interrupt> {
+        let keys = phase.keys(&self.prefix);
+        let steps = keys.iter().zip(&phase.steps).filter(|(_, s)| !s.intent);
+        if !steps.clone().any(|(k, _)| self.history.contains_key(k)) {
+            return Ok(None);
+        }
+        let mut outputs = Vec::new();
+        for (key, step) in keys.iter().zip(&phase.steps) {
+            if step.intent {
+                outputs.push(None);
+                continue;
+            }
+            outputs.push(match self.replay::<Value>(key, &step.spec.name, kind::TRANSACTIONAL)? {
+                Some(done) => Some(done?),
+                None if self.history.contains_key(key) => {
+                    return Err(Interrupt::Engine(Error::Interrupted(format!("step {key} is unfinished"))));
+                }
+                None => None,
+            });
+        }
+        Ok(Some(outputs))
+    }
+
+    /// Commits `phase` with the pending rows and `update` as one statement; records its steps.
+    async fn run_phase(
+        &mut self,
+        phase: &StatementPhase,
+        update: &WorkflowUpdate,
+    ) -> Result<Vec<Option<Value>>, Interrupt> {
+        for step in &phase.steps {
+            if let Some((name, input)) = &step.spec.compensation {
+                let key = format!("{}{}", self.prefix, step.spec.key);
+                self.register_compensation(&key, name, input)?;
+            }
+        }
+        let now = self.core.now();
+        let keys = phase.keys(&self.prefix);
+        let rows: Vec<PhaseRow<'_>> = keys
+            .iter()
+            .zip(&phase.steps)
+            .map(|(key, step)| PhaseRow {
+                key: key.clone(),
+                name: &step.spec.name,
+                kind: if step.intent { kind::EXTERNAL } else { kind::TRANSACTIONAL },
+                status: if step.intent { step_status::STARTED } else { step_status::COMPLETED },
+                attempts: i32::try_from(self.tx_attempts.get(key).copied().unwrap_or(0) + 1).unwrap_or(i32::MAX),
+                output: &step.output,
+                finished: !step.intent,
+                when: step.when.as_deref(),
+            })
+            .collect();
+        let result = self.commit_single(update, Some(PhaseCommit { phase, rows: &rows, now })).await;
+        drop(rows);
+        let outputs = match result {
+            Ok(Single::Done(outputs)) => outputs,
+            Ok(Single::GuardFailed) => {
+                self.abort_phase().await;
+                let failure = phase.guard_failure();
+                if let Some(first) = phase.steps.first() {
+                    self.push_step(StepRecord {
+                        workflow_id: String::new(),
+                        step_key: format!("{}{}", self.prefix, first.spec.key),
+                        step_name: first.spec.name.clone(),
+                        kind: kind::TRANSACTIONAL.to_owned(),
+                        status: step_status::FAILED.to_owned(),
+                        attempts: 1,
+                        output: None,
+                        error: Some(failure_json(&failure)),
+                        started_at: now,
+                        finished_at: Some(now),
+                    });
+                }
+                return Err(Interrupt::Failed(failure));
+            }
+            Ok(Single::Unsupported) => {
+                self.abort_phase().await;
+                let backend = self.core.store.backend();
+                return Err(Interrupt::Engine(Error::Unsupported(format!("statement phases on {backend}"))));
+            }
+            Err(e) => {
+                self.abort_phase().await;
+                return Err(e);
+            }
+        };
+        let mut values = Vec::new();
+        for ((key, step), output) in keys.into_iter().zip(&phase.steps).zip(outputs) {
+            if step.intent {
+                values.push(None);
+                // Written only if its condition held: the body's next call of the external step starts from it.
+                if output.is_some() {
+                    self.history.insert(key.clone(), self.intent_row(&key, &step.spec.name, now));
+                    self.fresh_intents.insert(key);
+                }
+                continue;
+            }
+            let Some(output) = output else {
+                values.push(None);
+                continue;
+            };
+            values.push(Some(serde_json::from_str(&output).map_err(|e| Interrupt::Engine(e.into()))?));
+            let row = StepRecord {
+                workflow_id: self.workflow_id.clone(),
+                step_key: key.clone(),
+                step_name: step.spec.name.clone(),
+                kind: kind::TRANSACTIONAL.to_owned(),
+                status: step_status::COMPLETED.to_owned(),
+                attempts: 1,
+                output: Some(output),
+                error: None,
+                started_at: now,
+                finished_at: Some(now),
+            };
+            self.history.insert(key, row);
+        }
+        Ok(values)
+    }
+
+    fn intent_row(&self, key: &str, name: &str, now: i64) -> StepRecord {
+        StepRecord {
+            workflow_id: self.workflow_id.clone(),
+            step_key: key.to_owned(),
+            step_name: name.to_owned(),
+            kind: kind::EXTERNAL.to_owned(),
+            status: step_status::STARTED.to_owned(),
+            attempts: 1,
+            output: None,
+            error: None,
+            started_at: now,
+            finished_at: None,
         }
     }
 
@@ -328,6 +506,7 @@ impl<S: Store> WorkflowContext<S> {
     /// Rolls back the open phase: its transactional steps and their compensations are forgotten; outcomes of
     /// external steps are kept for the next commit.
     pub(crate) async fn abort_phase(&mut self) {
+        self.deferred = None;
         if let Some(tx) = self.tx.take() {
             let _ = tx.rollback().await;
         }
@@ -347,9 +526,61 @@ impl<S: Store> WorkflowContext<S> {
         }
     }
 
+    /// Commits the pending rows and `update` (and `phase`, if given) as one statement, where the store can and
+    /// no transaction is open.
+    async fn commit_single(
+        &mut self,
+        update: &WorkflowUpdate,
+        phase: Option<PhaseCommit<'_>>,
+    ) -> Result<Single, Interrupt> {
+        let now = self.core.now();
+        let inserting = self.insert.as_ref().map(|row| update.applied_to(row, now));
+        let fence =
+            inserting.is_none().then_some(Fence { workflow_id: &self.workflow_id, epoch: self.epoch, update, now });
+        let checkpoint = Checkpoint {
+            insert: inserting.as_ref(),
+            steps: &self.pending_steps,
+            compensations: &self.pending_comps,
+            fence,
+        };
+        let finished = update.state.is_some_and(state::is_final);
+        let outputs = match self.core.store.commit_statement(&checkpoint, phase, finished).await? {
+            None => return Ok(Single::Unsupported),
+            Some(StatementOutcome::GuardFailed) => return Ok(Single::GuardFailed),
+            Some(StatementOutcome::LeaseLost) => return Err(Interrupt::LeaseLost),
+            Some(StatementOutcome::Duplicate) => return Err(Interrupt::Duplicate),
+            Some(StatementOutcome::Done(outputs)) => outputs,
+        };
+        self.committed();
+        Ok(Single::Done(outputs))
+    }
+
+    /// After a commit: nothing is pending, and a start waiting for the first commit hears of it.
+    fn committed(&mut self) {
+        self.insert = None;
+        self.pending_steps.clear();
+        self.pending_comps.clear();
+        if let Some(started) = self.first_commit.take() {
+            let _ = started.send(Ok(true));
+        }
+    }
+
     /// Commits the open phase (or a new transaction) with the pending step and compensation rows and
     /// `update`, fenced by the lease epoch.
     pub(crate) async fn commit(&mut self, update: WorkflowUpdate) -> Result<(), Interrupt> {
+        if let Some(phase) = self.deferred.take() {
+            self.run_phase(&phase, &update).await?;
+            return Ok(());
+        }
+        if self.tx.is_none() {
+            match self.commit_single(&update, None).await? {
+                Single::Done(_) => return Ok(()),
+                Single::GuardFailed => {
+                    return Err(Interrupt::Engine(Error::Unsupported("guard without a phase".into())));
+                }
+                Single::Unsupported => {}
+            }
+        }
         let now = self.core.now();
         let store = self.core.store.clone();
         let id = self.workflow_id.clone();
@@ -379,12 +610,7 @@ impl<S: Store> WorkflowContext<S> {
             }
         }
         tx.commit().await?;
-        self.insert = None;
-        self.pending_steps.clear();
-        self.pending_comps.clear();
-        if let Some(started) = self.first_commit.take() {
-            let _ = started.send(Ok(true));
-        }
+        self.committed();
         Ok(())
     }
 
@@ -414,6 +640,16 @@ impl<S: Store> WorkflowContext<S> {
             self.push_step(s);
         }
     }
+}
+
+/// What a single-statement commit came to, seen from the context.
+enum Single {
+    /// Committed, with the phase steps' outputs.
+    Done(Vec<Option<String>>),
+    /// The phase's guard did not hold: nothing was written.
+    GuardFailed,
+    /// The store has no single-statement commits: nothing was done.
+    Unsupported,
 }
 
 pub(crate) fn failure_json(f: &Failure) -> String {

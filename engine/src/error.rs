@@ -41,6 +41,9 @@ pub enum Error {
     /// A workflow's run stopped before it was recorded (a lost lease, an unexpected interrupt).
     #[error("the workflow run stopped: {0}")]
     Interrupted(String),
+    /// The store cannot do what was asked of it (a statement phase on a backend without them).
+    #[error("not supported: {0}")]
+    Unsupported(String),
     /// The engine is shutting down and accepts no new work.
     #[error("the engine is shutting down")]
     ShuttingDown,

@@ -46,6 +46,7 @@ mod context;
 mod engine;
 mod error;
 mod outcome;
+mod phase;
 mod retry;
 mod run;
 mod step;
@@ -57,6 +58,7 @@ pub use context::WorkflowContext;
 pub use engine::{CANCELLED_CODE, Engine, EngineBuilder, EngineConfig, Handle, WorkflowView};
 pub use error::{Error, Failure, Interrupt, Result, StepError, is_transient};
 pub use outcome::Outcome;
+pub use phase::{PhaseCommit, PhaseRow, PhaseStep, SqlArg, StatementOutcome, StatementPhase};
 pub use retry::RetryPolicy;
 pub use step::{Attempt, Previous, StepSpec, step};
 pub use store::{

@@ -156,12 +156,16 @@ async fn run_once<S: Store>(
     record: &WorkflowRecord,
 ) -> Result<Outcome, Interrupt> {
     let failure = if record.state == state::RUNNING {
-        match wf.run(ctx, &record.input).await {
+        let ran = match wf.run(ctx, &record.input).await {
             Ok(output) => {
                 let value: Value = serde_json::from_str(&output).unwrap_or(Value::Null);
-                ctx.commit(finish(state::COMPLETED, Some(output), None, ctx.now_ms())).await?;
-                return Ok(Outcome::Completed(value));
+                // `Failed` here: the body's last phase, deferred to this commit, did not hold its guard.
+                ctx.commit(finish(state::COMPLETED, Some(output), None, ctx.now_ms())).await.map(|()| value)
             }
+            Err(e) => Err(e),
+        };
+        match ran {
+            Ok(value) => return Ok(Outcome::Completed(value)),
             Err(Interrupt::Failed(failure)) => {
                 let update = WorkflowUpdate {
                     state: Some(state::COMPENSATING),

@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use onceflow_engine::{
-    Attempt, BoxFuture, Compensation, Failure, Interrupt, Previous, RetryPolicy, StepError, Workflow, WorkflowContext,
-    step,
+    Attempt, BoxFuture, Compensation, Failure, Interrupt, Previous, RetryPolicy, StepError, StepSpec, Workflow,
+    WorkflowContext, step,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -108,48 +108,33 @@ impl<S: PaymentStore> Workflow<S> for PaymentSaga {
         let i = &input;
 
         // Phase 1, one commit: claim the token, insert the record, reserve the order.
-        let (token, tenant, fingerprint, route) =
-            (i.token.clone(), i.tenant.clone(), i.fingerprint.clone(), i.route.clone());
-        let claimed = ctx
-            .transactional(step("claim_token").compensate_with("store_response", ()), move |c| {
-                S::claim_token(c, token, tenant, fingerprint, route, now)
-            })
-            .await?;
-        if !claimed {
-            // Checked before the start; only an expiry in between gets here. Failing in the step rolls the
-            // phase back: nothing is stored.
-            let f = failure_with_response(404, "token_not_found", "Token not found", "the token is unknown or expired");
-            return Err(Interrupt::Failed(f));
-        }
-        let record = PaymentRecord {
-            tenant: i.tenant.clone(),
-            request_no: i.request_no.clone(),
-            order_no: i.order_no.clone(),
-            amount: i.amount,
-            currency: i.currency.clone(),
-            status: payment_status::PROCESSING.to_owned(),
-            token: i.token.clone(),
-            charge_id: None,
-            decline_code: None,
-            created_at: now,
-            updated_at: now,
+        let [claim, insert, reserve] = [
+            step("claim_token").compensate_with("store_response", ()),
+            step("insert_record").compensate_with("fail_record", ()),
+            step("reserve_status").compensate_with("release_order", ()),
+        ];
+        let charge_spec = step("call_channel").retry(self.channel_retry).compensate_with("refund", ());
+        let not_claimed = || {
+            // Checked before the start; only an expiry in between gets here.
+            failure_with_response(404, "token_not_found", "Token not found", "the token is unknown or expired")
         };
-        let inserted = ctx
-            .transactional(step("insert_record").compensate_with("fail_record", ()), move |c| {
-                S::insert_payment(c, record)
-            })
-            .await?;
-        if !inserted {
+        let specs = [claim.clone(), insert.clone(), reserve.clone(), charge_spec.clone()];
+        let reserve = match S::reserve_phase(i, now, specs, not_claimed()) {
+            Some(phase) => {
+                let mut outputs = ctx.statement_phase(phase).await?.into_iter();
+                let _claimed = outputs.next();
+                let inserted: bool = decode(outputs.next().flatten())?;
+                match outputs.next().flatten() {
+                    Some(reserve) if inserted => Some(decode(Some(reserve))?),
+                    _ => None,
+                }
+            }
+            None => reserve_steps::<S>(ctx, i, now, [claim, insert, reserve], not_claimed()).await?,
+        };
+        let Some(reserve) = reserve else {
             let detail = format!("request_no {} is already used by another payment", i.request_no);
             return reject::<S>(ctx, i, false, 409, "request_no_conflict", "Request number in use", &detail).await;
-        }
-        let (tenant, order_no, currency) = (i.tenant.clone(), i.order_no.clone(), i.currency.clone());
-        let amount = i.amount;
-        let reserve = ctx
-            .transactional(step("reserve_status").compensate_with("release_order", ()), move |c| {
-                S::reserve_order(c, tenant, order_no, amount, currency, now)
-            })
-            .await?;
+        };
         match reserve {
             Reserve::Reserved => {}
             Reserve::NotFound => {
@@ -175,11 +160,7 @@ impl<S: PaymentStore> Workflow<S> for PaymentSaga {
             currency: i.currency.clone(),
         };
         let channel = &self.channel;
-        let outcome = ctx
-            .external(step("call_channel").retry(self.channel_retry).compensate_with("refund", ()), |attempt| {
-                charge(channel.as_ref(), &request, attempt)
-            })
-            .await?;
+        let outcome = ctx.external(charge_spec, |attempt| charge(channel.as_ref(), &request, attempt)).await?;
         let charge_id = match outcome {
             ChargeOutcome::Charged { charge_id } => charge_id,
             ChargeOutcome::Declined { decline_code } => {
@@ -205,12 +186,22 @@ impl<S: PaymentStore> Workflow<S> for PaymentSaga {
 
         // Phase 2, one commit with the channel's outcome: paid, succeeded, the token's response stored.
         let body = i.payment_body(payment_status::SUCCEEDED, Some(&charge_id));
+        let not_paying = || Failure::new("order_not_paying", "the order left paying");
+        let response = StoredResponse { status: 201, body: body.clone() };
+        let json = serde_json::to_string(&response).map_err(|e| Interrupt::Engine(e.into()))?;
+        if let Some(phase) =
+            S::confirm_phase(i, now, step("confirm"), charge_id.clone(), body.clone(), json, not_paying())
+        {
+            // Written by the commit that completes the workflow: one statement for the channel's outcome,
+            // `confirm`, and the workflow's end.
+            return ctx.finish_with(phase, response).await;
+        }
         let (tenant, order_no, request_no, token) =
             (i.tenant.clone(), i.order_no.clone(), i.request_no.clone(), i.token.clone());
         ctx.transactional("confirm", move |c| -> BoxFuture<'_, _> {
             Box::pin(async move {
                 if !S::confirm_payment(c, tenant, order_no, request_no, charge_id, token, body.clone(), now).await? {
-                    return Err(StepError::Terminal(Failure::new("order_not_paying", "the order left paying")));
+                    return Err(StepError::Terminal(not_paying()));
                 }
                 Ok(StoredResponse { status: 201, body })
             })
@@ -277,6 +268,47 @@ impl<S: PaymentStore> Workflow<S> for PaymentSaga {
             other => Err(Interrupt::Failed(Failure::new("unknown_compensation", other.to_owned()))),
         }
     }
+}
+
+/// Phase 1 as closure steps, for stores without statement phases: the order's reservation, or `None` when the
+/// record's `request_no` is taken.
+async fn reserve_steps<S: PaymentStore>(
+    ctx: &mut WorkflowContext<S>,
+    i: &PaymentInput,
+    now: i64,
+    [claim, insert, reserve]: [StepSpec; 3],
+    not_claimed: Failure,
+) -> Result<Option<Reserve>, Interrupt> {
+    let (token, tenant, fingerprint, route) =
+        (i.token.clone(), i.tenant.clone(), i.fingerprint.clone(), i.route.clone());
+    if !ctx.transactional(claim, move |c| S::claim_token(c, token, tenant, fingerprint, route, now)).await? {
+        return Err(Interrupt::Failed(not_claimed));
+    }
+    let record = PaymentRecord {
+        tenant: i.tenant.clone(),
+        request_no: i.request_no.clone(),
+        order_no: i.order_no.clone(),
+        amount: i.amount,
+        currency: i.currency.clone(),
+        status: payment_status::PROCESSING.to_owned(),
+        token: i.token.clone(),
+        charge_id: None,
+        decline_code: None,
+        created_at: now,
+        updated_at: now,
+    };
+    if !ctx.transactional(insert, move |c| S::insert_payment(c, record)).await? {
+        return Ok(None);
+    }
+    let (tenant, order_no, currency, amount) = (i.tenant.clone(), i.order_no.clone(), i.currency.clone(), i.amount);
+    let reserved =
+        ctx.transactional(reserve, move |c| S::reserve_order(c, tenant, order_no, amount, currency, now)).await?;
+    Ok(Some(reserved))
+}
+
+/// A statement phase step's output as its type.
+fn decode<T: serde::de::DeserializeOwned>(output: Option<serde_json::Value>) -> Result<T, Interrupt> {
+    serde_json::from_value(output.unwrap_or_default()).map_err(|e| Interrupt::Engine(e.into()))
 }
 
 /// A rejection decided before the channel: stored on the token (and on the record when it is ours), replayed.

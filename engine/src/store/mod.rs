@@ -8,6 +8,7 @@ use std::future::Future;
 use serde::Serialize;
 
 use crate::error::Result;
+use crate::phase::{PhaseCommit, StatementOutcome};
 
 mod mysql;
 mod postgres;
@@ -310,6 +311,20 @@ pub trait Store: Clone + Send + Sync + 'static {
                 None => Persisted::Done { notify: false },
             })
         }
+    }
+
+    /// Commits `checkpoint` as one statement in a transaction of its own (no open transaction, no `BEGIN` or
+    /// `COMMIT` round trips), with the statement phase `phase` if given, and tells waiters in other processes
+    /// when `finished`. A lost lease, a duplicate start or a failed guard roll the whole statement back.
+    /// `None` when this backend cannot (the caller then uses a transaction).
+    fn commit_statement(
+        &self,
+        checkpoint: &Checkpoint<'_>,
+        phase: Option<PhaseCommit<'_>>,
+        finished: bool,
+    ) -> impl Future<Output = Result<Option<StatementOutcome>>> + Send {
+        let _ = (checkpoint, phase, finished);
+        async { Ok(None) }
     }
 
     /// Tells waiters in other processes that the workflow ended (Postgres `NOTIFY`; a no-op elsewhere).

@@ -3,14 +3,15 @@
 use std::str::FromStr;
 use std::time::Duration;
 
-use sqlx::Postgres;
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
+use sqlx::{Postgres, Row};
 
 use super::{
     Checkpoint, CompensationRecord, Conn, Listener, ListenerInner, Persisted, Reopen, StepRecord, Store, Tx,
     WorkflowRecord, WorkflowUpdate, shared, shared::shared_store_methods,
 };
 use crate::error::Result;
+use crate::phase::{PhaseCommit, SqlArg, StatementOutcome};
 
 /// The embedded Postgres migrations (engine and payment tables).
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/postgres");
@@ -91,7 +92,7 @@ impl Store for PgStore {
     /// One statement: the workflow insert (first commit) and the step and compensation upserts ride as
     /// data-modifying CTEs of the fence, or of a final check that the insert happened.
     async fn persist(&self, conn: &mut Conn<Self>, checkpoint: &Checkpoint<'_>) -> Result<Persisted> {
-        let mut parts = shared::checkpoint_statements(checkpoint);
+        let (mut parts, _) = shared::checkpoint_statements(checkpoint, 1);
         if checkpoint.insert.is_some() && checkpoint.fence.is_none() {
             // `w0` is the insert: whether it wrote the row.
             parts.push("SELECT EXISTS (SELECT 1 FROM w0)".to_owned());
@@ -113,6 +114,109 @@ impl Store for PgStore {
             (Some(_), None, Some(false)) => Persisted::Duplicate,
             _ => Persisted::Done { notify: false },
         })
+    }
+
+    /// One statement in autocommit: the phase's CTEs, the bookkeeping's CTEs, the phase's step rows, and a final
+    /// `SELECT` whose `onceflow_check` calls raise (rolling everything back) when the guard, the fence or the
+    /// insert did not hold.
+    async fn commit_statement(
+        &self,
+        checkpoint: &Checkpoint<'_>,
+        phase: Option<PhaseCommit<'_>>,
+        finished: bool,
+    ) -> Result<Option<StatementOutcome>> {
+        let args = phase.map_or(&[][..], |p| &p.phase.args[..]);
+        let (parts, mut next) = shared::checkpoint_statements(checkpoint, args.len() + 1);
+        let mut ctes: Vec<String> = phase.map(|p| p.phase.ctes.clone()).unwrap_or_default();
+        ctes.extend(parts.iter().enumerate().map(|(i, part)| format!("w{i} AS ({part})")));
+        // The bookkeeping's own check: the fence (the last part) matched, or else the insert (the first) happened.
+        let (held, code) = match (&checkpoint.fence, checkpoint.insert) {
+            (Some(_), _) => (format!("EXISTS (SELECT 1 FROM w{})", parts.len() - 1), "OF002"),
+            (None, Some(_)) => ("EXISTS (SELECT 1 FROM w0)".to_owned(), "OF003"),
+            (None, None) => ("TRUE".to_owned(), "OF002"),
+        };
+        let (workflow, now) = (next, next + 1);
+        next += 2;
+        let rows = phase.map_or(&[][..], |p| p.rows);
+        if !rows.is_empty() {
+            let mut values = Vec::new();
+            for r in rows {
+                let keep = r.when.map_or_else(|| "TRUE".to_owned(), |w| format!("({w})"));
+                let p = |i: usize| next + i;
+                values.push(format!(
+                    "(${}::text, ${}::text, ${}::text, ${}::text, ${}::int, ({})::text, ${}::boolean, {keep})",
+                    p(0),
+                    p(1),
+                    p(2),
+                    p(3),
+                    p(4),
+                    r.output,
+                    p(5)
+                ));
+                next += 6;
+            }
+            ctes.push(format!(
+                "ws AS (INSERT INTO {} SELECT ${workflow}::text, v.k, v.n, v.kind, v.status, v.a, v.o, NULL, \
+                 ${now}::bigint, CASE WHEN v.fin THEN ${now}::bigint END \
+                 FROM (VALUES {}) v (k, n, kind, status, a, o, fin, keep) WHERE v.keep{})",
+                shared::STEP_COLUMNS,
+                values.join(", "),
+                shared::STEPS_ON_CONFLICT
+            ));
+        }
+        let notify = finished && checkpoint.fence.is_some();
+        if notify {
+            ctes.push(format!(
+                "n AS (SELECT pg_notify(${next}::text, ${workflow}::text) FROM w{} WHERE notify)",
+                parts.len() - 1
+            ));
+        }
+        let guard = phase.and_then(|p| p.phase.guard.as_ref()).map_or("TRUE", |(g, _)| g.as_str());
+        let mut sql = format!(
+            "WITH {} SELECT onceflow_check({guard}, 'OF001'), onceflow_check({held}, '{code}')",
+            ctes.join(", ")
+        );
+        if notify {
+            sql.push_str(", (SELECT count(*) FROM n)");
+        }
+        for r in rows {
+            // An intent's output is empty text: written, with no output.
+            let when = r.when.unwrap_or("TRUE");
+            sql.push_str(&format!(", CASE WHEN ({when}) THEN COALESCE(({})::text, '') END", r.output));
+        }
+        let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
+        for arg in args {
+            q = match arg {
+                SqlArg::Text(t) => q.bind(t),
+                SqlArg::Int(i) => q.bind(*i),
+            };
+        }
+        let mut q = shared::bind_checkpoint!(q, checkpoint);
+        let id = checkpoint.fence.map(|f| f.workflow_id).or(checkpoint.insert.map(|w| w.workflow_id.as_str()));
+        q = q.bind(id).bind(phase.map_or(0, |p| p.now));
+        for r in rows {
+            q = q.bind(&r.key).bind(r.name).bind(r.kind).bind(r.status).bind(r.attempts).bind(r.finished);
+        }
+        if notify {
+            q = q.bind(NOTIFY_CHANNEL);
+        }
+        let row = match q.fetch_one(&self.pool).await {
+            Ok(row) => row,
+            Err(sqlx::Error::Database(e)) => {
+                return match e.code().as_deref() {
+                    Some("OF001") => Ok(Some(StatementOutcome::GuardFailed)),
+                    Some("OF002") => Ok(Some(StatementOutcome::LeaseLost)),
+                    Some("OF003") => Ok(Some(StatementOutcome::Duplicate)),
+                    _ => Err(sqlx::Error::Database(e).into()),
+                };
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let first = if notify { 3 } else { 2 };
+        let outputs = (0..rows.len())
+            .map(|i| row.try_get::<Option<String>, _>(first + i))
+            .collect::<std::result::Result<_, _>>()?;
+        Ok(Some(StatementOutcome::Done(outputs)))
     }
 
     async fn listen(&self) -> Result<Option<Listener>> {

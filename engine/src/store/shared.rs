@@ -61,15 +61,18 @@ pub(crate) const STEP_COLUMNS: &str =
 pub(crate) const COMPENSATION_COLUMNS: &str =
     "workflow_compensations (workflow_id, seq, step_key, name, input, status)";
 
-/// A checkpoint's statements, parameters numbered from `$1` across all of them in the order
+/// A checkpoint's statements, parameters numbered from `$first` across all of them in the order
 /// [`bind_checkpoint`] binds: the workflow insert (`RETURNING 1 AS inserted`), the step upserts, the
-/// compensation upserts, the fence (`RETURNING notify`). Postgres runs them as one statement of CTEs, SQLite as
-/// one multi-statement query.
-pub(crate) fn checkpoint_statements(c: &super::Checkpoint<'_>) -> Vec<String> {
+/// compensation upserts, the fence (`RETURNING notify`); and the next free parameter number. Postgres runs
+/// them as one statement of CTEs, SQLite as one multi-statement query.
+pub(crate) fn checkpoint_statements(c: &super::Checkpoint<'_>, first: usize) -> (Vec<String>, usize) {
     let mut parts = Vec::new();
-    let mut next = 1;
+    let mut next = first;
     if c.insert.is_some() {
-        parts.push(format!("{INSERT_WORKFLOW} RETURNING 1 AS inserted"));
+        let mut sql = concat!("INSERT INTO ", workflow_columns!(), " VALUES ").to_owned();
+        push_value_rows(&mut sql, 1, 14, Some(next));
+        sql.push_str(" ON CONFLICT (workflow_id) DO NOTHING RETURNING 1 AS inserted");
+        parts.push(sql);
         next += 14;
     }
     if !c.steps.is_empty() {
@@ -82,8 +85,9 @@ pub(crate) fn checkpoint_statements(c: &super::Checkpoint<'_>) -> Vec<String> {
     }
     if c.fence.is_some() {
         parts.push(fence_sql(next));
+        next += 7;
     }
-    parts
+    (parts, next)
 }
 
 /// What an operator action does to a workflow: its new state, whether its error is cleared, and the cleanup
@@ -110,13 +114,15 @@ pub(crate) fn reopen_plan(how: super::Reopen) -> (&'static str, bool, &'static [
 pub(crate) fn upsert_steps_sql(rows: usize, first: usize) -> String {
     let mut sql = format!("INSERT INTO {STEP_COLUMNS} VALUES ");
     push_value_rows(&mut sql, rows, 10, Some(first));
-    sql.push_str(
-        " ON CONFLICT (workflow_id, step_key) DO UPDATE SET step_name = excluded.step_name, kind = excluded.kind, \
-         status = excluded.status, attempts = excluded.attempts, output = excluded.output, error = excluded.error, \
-         started_at = excluded.started_at, finished_at = excluded.finished_at",
-    );
+    sql.push_str(STEPS_ON_CONFLICT);
     sql
 }
+
+/// A step upsert's conflict clause: the new row replaces the stored one.
+pub(crate) const STEPS_ON_CONFLICT: &str = " ON CONFLICT (workflow_id, step_key) DO UPDATE SET \
+    step_name = excluded.step_name, kind = excluded.kind, status = excluded.status, attempts = excluded.attempts, \
+    output = excluded.output, error = excluded.error, started_at = excluded.started_at, \
+    finished_at = excluded.finished_at";
 
 /// `INSERT … VALUES (…), (…) ON CONFLICT … DO UPDATE` for `rows` compensation rows, parameters from `$first`.
 pub(crate) fn upsert_compensations_sql(rows: usize, first: usize) -> String {

@@ -108,7 +108,7 @@ impl Store for SqliteStore {
     /// One multi-statement query (one trip to the connection's worker thread instead of up to four); its rows
     /// tell whether the insert happened (`inserted`) and the fence's `notify`.
     async fn persist(&self, conn: &mut Conn<Self>, checkpoint: &Checkpoint<'_>) -> Result<Persisted> {
-        let parts = shared::checkpoint_statements(checkpoint);
+        let (parts, _) = shared::checkpoint_statements(checkpoint, 1);
         if parts.is_empty() {
             return Ok(Persisted::Done { notify: false });
         }

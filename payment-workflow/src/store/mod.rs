@@ -4,11 +4,13 @@
 
 use std::future::Future;
 
-use onceflow_engine::{BoxFuture, Conn, PgStore, SqliteStore, StepError, Store};
+use onceflow_engine::{BoxFuture, Conn, Failure, PgStore, SqliteStore, StatementPhase, StepError, StepSpec, Store};
 
 use crate::model::{Order, PaymentRecord, TokenRecord, order_status, payment_status};
+use crate::saga::PaymentInput;
 
 mod mysql;
+mod phases;
 
 /// How reserving an order for payment went.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -96,7 +98,7 @@ pub trait PaymentStore: Store {
 
     /// The commit after a successful charge: order `paying → paid`, the record `succeeded` with its charge id,
     /// the token `completed` with the 201 `body`. Nothing changes, and `false` comes back, if the order was
-    /// not `paying`. Postgres does it in one statement; other backends in three.
+    /// not `paying`. Three statements (Postgres runs [`PaymentStore::confirm_phase`] instead).
     #[allow(clippy::too_many_arguments)]
     fn confirm_payment<'c>(
         conn: &'c mut Conn<Self>,
@@ -129,6 +131,32 @@ pub trait PaymentStore: Store {
         })
     }
 
+    /// Phase 1 (`claim_token`, `insert_record`, `reserve_status`, then the intent of `call_channel`, under
+    /// `specs`) as one statement phase, where the store sends a phase with its commit in one round trip
+    /// (Postgres). `None`: the saga runs the steps' closures. Unless the token is claimed, nothing is written
+    /// and `claim_token` fails with `not_claimed`.
+    fn reserve_phase(i: &PaymentInput, now: i64, specs: [StepSpec; 4], not_claimed: Failure) -> Option<StatementPhase> {
+        let _ = (i, now, specs, not_claimed);
+        None
+    }
+
+    /// Phase 2 (`confirm` under `spec`, with the output `response`) as one statement phase, as
+    /// [`PaymentStore::confirm_payment`] does it; `None` where the saga runs the closure. Unless the order was
+    /// `paying`, nothing is written and the step fails with `not_paying`.
+    #[allow(clippy::too_many_arguments)]
+    fn confirm_phase(
+        i: &PaymentInput,
+        now: i64,
+        spec: StepSpec,
+        charge_id: String,
+        body: String,
+        response: String,
+        not_paying: Failure,
+    ) -> Option<StatementPhase> {
+        let _ = (i, now, spec, charge_id, body, response, not_paying);
+        None
+    }
+
     /// Inserts an order; `false` when the tenant has one with this `order_no`.
     fn insert_order(&self, order: &Order) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
     /// One order.
@@ -155,9 +183,9 @@ pub trait PaymentStore: Store {
 }
 
 macro_rules! impl_payment_store {
-    ($store:ty $(, $($extra:item)*)?) => {
+    ($store:ty $(, $extra:item)* $(,)?) => {
         impl PaymentStore for $store {
-            $($($extra)*)?
+            $($extra)*
 
             fn claim_token<'c>(
                 conn: &'c mut Conn<Self>,
@@ -398,38 +426,19 @@ macro_rules! impl_payment_store {
 
 impl_payment_store!(
     PgStore,
-    /// One statement: the token and record change only if the order moved (data-modifying CTEs).
-    fn confirm_payment<'c>(
-        conn: &'c mut Conn<Self>,
-        tenant: String,
-        order_no: String,
-        request_no: String,
-        charge_id: String,
-        token: String,
-        body: String,
+    fn reserve_phase(i: &PaymentInput, now: i64, specs: [StepSpec; 4], not_claimed: Failure) -> Option<StatementPhase> {
+        Some(phases::reserve(i, now, specs, not_claimed))
+    },
+    fn confirm_phase(
+        i: &PaymentInput,
         now: i64,
-    ) -> Sql<'c, bool> {
-        Box::pin(async move {
-            let paid: bool = sqlx::query_scalar(
-                "WITH o AS (UPDATE orders SET status = 'paid', version = version + 1, updated_at = $5 \
-                 WHERE tenant = $1 AND order_no = $2 AND status = 'paying' RETURNING 1), \
-                 p AS (UPDATE payments SET status = 'succeeded', charge_id = $4, updated_at = $5 \
-                 WHERE tenant = $1 AND request_no = $3 AND EXISTS (SELECT 1 FROM o) RETURNING 1), \
-                 t AS (UPDATE idempotency_tokens SET state = 'completed', response_status = 201, \
-                 response_body = $7, updated_at = $5 WHERE token = $6 AND EXISTS (SELECT 1 FROM o) RETURNING 1) \
-                 SELECT EXISTS (SELECT 1 FROM o) AND EXISTS (SELECT 1 FROM p) AND EXISTS (SELECT 1 FROM t)",
-            )
-            .bind(tenant)
-            .bind(order_no)
-            .bind(request_no)
-            .bind(charge_id)
-            .bind(now)
-            .bind(token)
-            .bind(body)
-            .fetch_one(conn)
-            .await?;
-            Ok(paid)
-        })
+        spec: StepSpec,
+        charge_id: String,
+        body: String,
+        response: String,
+        not_paying: Failure,
+    ) -> Option<StatementPhase> {
+        Some(phases::confirm(i, now, spec, charge_id, body, response, not_paying))
     }
 );
 impl_payment_store!(SqliteStore);

@@ -1,0 +1,129 @@
+//! Statement phases: consecutive transactional steps written as the parts of one SQL statement, so that a store
+//! able to (Postgres) sends them together with their commit's bookkeeping as a single statement — one round
+//! trip, no `BEGIN`/`COMMIT` — instead of a transaction of several.
+
+use crate::error::Failure;
+use crate::step::StepSpec;
+
+/// A value bound to a statement phase's SQL.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SqlArg {
+    /// `text`.
+    Text(String),
+    /// `bigint`.
+    Int(i64),
+}
+
+/// One step a statement phase records.
+#[derive(Debug, Clone)]
+pub struct PhaseStep {
+    pub(crate) spec: StepSpec,
+    pub(crate) output: String,
+    pub(crate) when: Option<String>,
+    pub(crate) intent: bool,
+}
+
+impl PhaseStep {
+    /// Records `spec` with the step output given by the SQL expression `output` (JSON text, as serde writes the
+    /// step's output type).
+    pub fn new(spec: impl Into<StepSpec>, output: impl Into<String>) -> Self {
+        Self { spec: spec.into(), output: output.into(), when: None, intent: false }
+    }
+
+    /// Commits the intent of the external step `spec` that the body runs next (its first attempt's row, and
+    /// its compensation), sparing that step a commit of its own. The phase returns no output for it.
+    pub fn intent(spec: impl Into<StepSpec>) -> Self {
+        Self { spec: spec.into(), output: "NULL".to_owned(), when: None, intent: true }
+    }
+
+    /// Records the step only when the SQL boolean expression `condition` holds (as a step the body would not
+    /// have reached); otherwise its output comes back as `None` and no row is written.
+    pub fn when(mut self, condition: impl Into<String>) -> Self {
+        self.when = Some(condition.into());
+        self
+    }
+}
+
+/// Transactional steps as one statement: data-modifying common table expressions, the steps they record and
+/// a guard. Built by a store-specific module (the SQL is the backend's dialect); run by
+/// [`crate::WorkflowContext::statement_phase`].
+#[derive(Debug, Clone)]
+pub struct StatementPhase {
+    pub(crate) ctes: Vec<String>,
+    pub(crate) args: Vec<SqlArg>,
+    pub(crate) steps: Vec<PhaseStep>,
+    pub(crate) guard: Option<(String, Failure)>,
+}
+
+impl StatementPhase {
+    /// A phase of `ctes` (each `name AS (…)`, run as one statement; parameters `$1…` over `args`) recording
+    /// `steps` in order.
+    pub fn new(ctes: Vec<String>, args: Vec<SqlArg>, steps: Vec<PhaseStep>) -> Self {
+        Self { ctes, args, steps, guard: None }
+    }
+
+    /// Unless the SQL boolean expression `condition` holds, the whole statement rolls back (nothing of the
+    /// phase is written) and its first step fails terminally with `failure`.
+    pub fn guard(mut self, condition: impl Into<String>, failure: Failure) -> Self {
+        self.guard = Some((condition.into(), failure));
+        self
+    }
+
+    /// The step keys it records, in order.
+    pub(crate) fn keys(&self, prefix: &str) -> Vec<String> {
+        self.steps.iter().map(|s| format!("{prefix}{}", s.spec.key)).collect()
+    }
+
+    /// The failure of a guard that did not hold.
+    pub(crate) fn guard_failure(&self) -> Failure {
+        self.guard
+            .as_ref()
+            .map_or_else(|| Failure::new("guard_failed", "the phase's guard did not hold"), |(_, f)| f.clone())
+    }
+}
+
+/// A phase step's row as the store writes it (the output comes from the statement).
+#[derive(Debug, Clone)]
+pub struct PhaseRow<'a> {
+    /// Step key (with the context's prefix).
+    pub key: String,
+    /// Step name.
+    pub name: &'a str,
+    /// Step kind.
+    pub kind: &'static str,
+    /// Step status.
+    pub status: &'static str,
+    /// Attempts, counting this one.
+    pub attempts: i32,
+    /// Output expression.
+    pub output: &'a str,
+    /// Whether the step finished (else its `finished_at` stays empty).
+    pub finished: bool,
+    /// Condition for writing it.
+    pub when: Option<&'a str>,
+}
+
+/// A statement phase as one commit writes it.
+#[derive(Debug, Clone, Copy)]
+pub struct PhaseCommit<'a> {
+    /// The phase.
+    pub phase: &'a StatementPhase,
+    /// Its steps' rows, in the phase's order.
+    pub rows: &'a [PhaseRow<'a>],
+    /// Now (ms): the steps' start and finish.
+    pub now: i64,
+}
+
+/// What a single-statement commit came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StatementOutcome {
+    /// Committed; each phase step's output (JSON text; empty for an intent), `None` where its condition did
+    /// not hold.
+    Done(Vec<Option<String>>),
+    /// The guard did not hold: nothing was written.
+    GuardFailed,
+    /// The fence found another epoch: nothing was written.
+    LeaseLost,
+    /// The workflow row to insert exists: nothing was written.
+    Duplicate,
+}
