@@ -13,7 +13,7 @@ use serde_json::json;
 
 use crate::channel::{Channel, ChannelError, Charge, ChargeRequest, ChargeStatus, RefundRequest, RefundStatus};
 use crate::model::{PaymentRecord, StoredResponse, order_status, payment_status, problem};
-use crate::store::{PaymentStore, Reserve};
+use crate::store::{Confirm, PaymentStore, Reserve};
 
 /// What a payment workflow is started with: the request, resolved and bound to its token.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -188,10 +188,8 @@ impl<S: PaymentStore> Workflow<S> for PaymentSaga {
         let body = i.payment_body(payment_status::SUCCEEDED, Some(&charge_id));
         let not_paying = || Failure::new("order_not_paying", "the order left paying");
         let response = StoredResponse { status: 201, body: body.clone() };
-        let json = serde_json::to_string(&response).map_err(|e| Interrupt::Engine(e.into()))?;
-        if let Some(phase) =
-            S::confirm_phase(i, now, step("confirm"), charge_id.clone(), body.clone(), json, not_paying())
-        {
+        let confirm = Confirm { charge_id: charge_id.clone(), response: response.clone(), not_paying: not_paying() };
+        if let Some(phase) = S::confirm_phase(i, now, step("confirm"), &confirm) {
             // Written by the commit that completes the workflow: one statement for the channel's outcome,
             // `confirm`, and the workflow's end.
             return ctx.finish_with(phase, response).await;

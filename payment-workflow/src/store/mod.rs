@@ -6,11 +6,22 @@ use std::future::Future;
 
 use onceflow_engine::{BoxFuture, Conn, Failure, PgStore, SqliteStore, StatementPhase, StepError, StepSpec, Store};
 
-use crate::model::{Order, PaymentRecord, TokenRecord, order_status, payment_status};
+use crate::model::{Order, PaymentRecord, StoredResponse, TokenRecord, order_status, payment_status};
 use crate::saga::PaymentInput;
 
 mod mysql;
 mod phases;
+
+/// What `confirm` writes after a successful charge.
+#[derive(Debug, Clone)]
+pub struct Confirm {
+    /// The channel's charge id.
+    pub charge_id: String,
+    /// The `201` response the token stores.
+    pub response: StoredResponse,
+    /// The failure when the order is no longer `paying`.
+    pub not_paying: Failure,
+}
 
 /// How reserving an order for payment went.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -143,17 +154,8 @@ pub trait PaymentStore: Store {
     /// Phase 2 (`confirm` under `spec`, with the output `response`) as one statement phase, as
     /// [`PaymentStore::confirm_payment`] does it; `None` where the saga runs the closure. Unless the order was
     /// `paying`, nothing is written and the step fails with `not_paying`.
-    #[allow(clippy::too_many_arguments)]
-    fn confirm_phase(
-        i: &PaymentInput,
-        now: i64,
-        spec: StepSpec,
-        charge_id: String,
-        body: String,
-        response: String,
-        not_paying: Failure,
-    ) -> Option<StatementPhase> {
-        let _ = (i, now, spec, charge_id, body, response, not_paying);
+    fn confirm_phase(i: &PaymentInput, now: i64, spec: StepSpec, charge: &Confirm) -> Option<StatementPhase> {
+        let _ = (i, now, spec, charge);
         None
     }
 
@@ -429,16 +431,8 @@ impl_payment_store!(
     fn reserve_phase(i: &PaymentInput, now: i64, specs: [StepSpec; 4], not_claimed: Failure) -> Option<StatementPhase> {
         Some(phases::reserve(i, now, specs, not_claimed))
     },
-    fn confirm_phase(
-        i: &PaymentInput,
-        now: i64,
-        spec: StepSpec,
-        charge_id: String,
-        body: String,
-        response: String,
-        not_paying: Failure,
-    ) -> Option<StatementPhase> {
-        Some(phases::confirm(i, now, spec, charge_id, body, response, not_paying))
+    fn confirm_phase(i: &PaymentInput, now: i64, spec: StepSpec, charge: &Confirm) -> Option<StatementPhase> {
+        Some(phases::confirm(i, now, spec, charge))
     }
 );
 impl_payment_store!(SqliteStore);

@@ -6,6 +6,7 @@
 use onceflow_engine::{Failure, PhaseStep, SqlArg, StatementPhase, StepSpec};
 
 use crate::saga::PaymentInput;
+use crate::store::Confirm;
 
 /// `claim_token`, `insert_record` (only once the token is claimed), `reserve_status` (only once the record
 /// is inserted) and, once the order is reserved, the intent of the channel call `charge`. Unless the token is
@@ -58,18 +59,10 @@ pub(crate) fn reserve(
     StatementPhase::new(ctes, args, steps).guard(claimed, not_claimed)
 }
 
-/// `confirm`: order `paying → paid`, the record `succeeded` with `charge_id`, the token `completed` with the
-/// 201 `body`; the step's output is `response` (the stored response's JSON). Unless the order was `paying`
-/// nothing is written and the step fails with `not_paying`.
-pub(crate) fn confirm(
-    i: &PaymentInput,
-    now: i64,
-    spec: StepSpec,
-    charge_id: String,
-    body: String,
-    response: String,
-    not_paying: Failure,
-) -> StatementPhase {
+/// `confirm`: order `paying → paid`, the record `succeeded` with the charge id, the token `completed` with the
+/// 201 response, which is also the step's output. Unless the order was `paying` nothing is written and the step
+/// fails with `not_paying`.
+pub(crate) fn confirm(i: &PaymentInput, now: i64, spec: StepSpec, c: &Confirm) -> StatementPhase {
     let ctes = vec![
         "p_order AS (UPDATE orders SET status = 'paid', version = version + 1, updated_at = $5 \
          WHERE tenant = $1 AND order_no = $2 AND status = 'paying' RETURNING 1)"
@@ -77,7 +70,7 @@ pub(crate) fn confirm(
         "p_record AS (UPDATE payments SET status = 'succeeded', charge_id = $4, updated_at = $5 \
          WHERE tenant = $1 AND request_no = $3 AND EXISTS (SELECT 1 FROM p_order) RETURNING 1)"
             .to_owned(),
-        "p_token AS (UPDATE idempotency_tokens SET state = 'completed', response_status = 201, \
+        "p_token AS (UPDATE idempotency_tokens SET state = 'completed', response_status = $8, \
          response_body = $7, updated_at = $5 WHERE token = $6 AND EXISTS (SELECT 1 FROM p_order) RETURNING 1)"
             .to_owned(),
     ];
@@ -85,12 +78,13 @@ pub(crate) fn confirm(
         SqlArg::Text(i.tenant.clone()),
         SqlArg::Text(i.order_no.clone()),
         SqlArg::Text(i.request_no.clone()),
-        SqlArg::Text(charge_id),
+        SqlArg::Text(c.charge_id.clone()),
         SqlArg::Int(now),
         SqlArg::Text(i.token.clone()),
-        SqlArg::Text(body),
-        SqlArg::Text(response),
+        SqlArg::Text(c.response.body.clone()),
+        SqlArg::Int(i64::from(c.response.status)),
+        SqlArg::Text(serde_json::to_string(&c.response).unwrap_or_default()),
     ];
     let paid = "EXISTS (SELECT 1 FROM p_order) AND EXISTS (SELECT 1 FROM p_record) AND EXISTS (SELECT 1 FROM p_token)";
-    StatementPhase::new(ctes, args, vec![PhaseStep::new(spec, "$8")]).guard(paid, not_paying)
+    StatementPhase::new(ctes, args, vec![PhaseStep::new(spec, "$9")]).guard(paid, c.not_paying.clone())
 }
