@@ -336,6 +336,11 @@ impl<S: Store> WorkflowContext<S> {
         drop(rows);
         let outputs = match result {
             Ok(Single::Done(outputs)) => outputs,
+            Ok(Single::GuardFailed) if self.insert.is_some() => {
+                // The workflow's first commit: nothing of it exists, so it was never started.
+                self.abort_phase().await;
+                return Err(Interrupt::Refused(phase.guard_failure()));
+            }
             Ok(Single::GuardFailed) => {
                 self.abort_phase().await;
                 let failure = phase.guard_failure();

@@ -41,6 +41,10 @@ pub enum Error {
     /// A workflow's run stopped before it was recorded (a lost lease, an unexpected interrupt).
     #[error("the workflow run stopped: {0}")]
     Interrupted(String),
+    /// The workflow's first phase did not hold its guard, so nothing of the workflow was recorded: the start
+    /// was refused with this failure (see [`crate::StatementPhase::guard`]).
+    #[error("the start was refused: {0}")]
+    Refused(Failure),
     /// The store cannot do what was asked of it (a statement phase on a backend without them).
     #[error("not supported: {0}")]
     Unsupported(String),
@@ -131,6 +135,10 @@ pub enum Interrupt {
     /// recorded instance.
     #[error("the workflow was started elsewhere first")]
     Duplicate,
+    /// The first commit's statement phase did not hold its guard: nothing of the workflow was recorded, and the
+    /// start is refused.
+    #[error("refused: {0}")]
+    Refused(Failure),
     /// Another worker holds the workflow now; this worker must stop touching it.
     #[error("the lease was lost")]
     LeaseLost,

@@ -29,9 +29,9 @@ pub(crate) async fn drive<S: Store>(
     let id = record.workflow_id.clone();
     let outcome = drive_until_stopped(&core, wf.as_ref(), record, insert, started).await;
     core.forget_running(&id);
-    if let Some(outcome) = outcome {
-        core.announce(&id, Some(Arc::new(outcome)));
-    }
+    // Without an outcome, waiters that attached in this process look at the database again (a refused start
+    // left no workflow there).
+    core.announce(&id, outcome.map(Arc::new));
 }
 
 async fn drive_until_stopped<S: Store>(
@@ -102,6 +102,10 @@ async fn drive_until_stopped<S: Store>(
             }
             Err(Interrupt::Duplicate) => {
                 signal(ctx.take_started(), Ok(false));
+                return None;
+            }
+            Err(Interrupt::Refused(failure)) => {
+                signal(ctx.take_started(), Err(Error::Refused(failure)));
                 return None;
             }
             Err(other) => {

@@ -155,6 +155,10 @@ impl<S: PaymentStore> Payments<S> {
     /// Pays an order under an idempotency token used on `route`. Waits up to `wait` for the final answer, then
     /// answers `202`. Concurrent and later repeats get the first final response; another request under the
     /// same token gets `422`.
+    ///
+    /// Where the store refuses a start whose token it cannot claim (Postgres: the first phase's guard), the
+    /// payment starts at once and the token is read only when the start was refused (a repeat, a mismatch, an
+    /// unknown token or order): a fresh payment costs no read before its first commit.
     pub async fn pay(
         &self,
         tenant: &str,
@@ -166,25 +170,25 @@ impl<S: PaymentStore> Payments<S> {
         if let Err(message) = request.validate() {
             return Ok(PayResponse::problem(400, "invalid_request", "Invalid request", &message));
         }
-        let fingerprint = request.fingerprint();
-        let not_found =
-            || PayResponse::problem(404, "token_not_found", "Token not found", "the token is unknown or expired");
-        let mismatch = || {
-            PayResponse::problem(
-                422,
-                "idempotency_key_mismatch",
-                "Idempotency key reused",
-                "this token was used for a different request",
-            )
-        };
+        let input = payment_input(tenant, token, route, request);
+        if S::REFUSES_UNCLAIMED_STARTS {
+            match self.run(&input, wait, false).await {
+                // Refused (nothing was recorded), or attached to a run that was: decide from the token.
+                Err(onceflow_engine::Error::Refused(_) | onceflow_engine::Error::NotFound(_)) => {}
+                Err(onceflow_engine::Error::Conflict { .. }) => return Ok(mismatch()),
+                Err(e) => return Err(e.into()),
+                Ok(response) => return Ok(response),
+            }
+        }
         let Some((stored, order_exists)) = self.store().token_and_order(token, tenant, &request.order_no).await? else {
             return Ok(not_found());
         };
         if stored.tenant != tenant {
             return Ok(not_found());
         }
-        let bound =
-            |f: &Option<String>, r: &Option<String>| f.as_deref() == Some(&fingerprint) && r.as_deref() == Some(route);
+        let bound = |f: &Option<String>, r: &Option<String>| {
+            f.as_deref() == Some(&input.fingerprint) && r.as_deref() == Some(route)
+        };
         match stored.state.as_str() {
             token_state::COMPLETED => {
                 if !bound(&stored.fingerprint, &stored.route) {
@@ -208,30 +212,25 @@ impl<S: PaymentStore> Payments<S> {
             let detail = format!("order {} does not exist", request.order_no);
             return Ok(PayResponse::problem(404, "order_not_found", "Order not found", &detail));
         }
-        let request_no =
-            request.request_no.clone().unwrap_or_else(|| format!("R-{}", &hex_sha256(token.as_bytes())[..24]));
-        let input = PaymentInput {
-            tenant: tenant.to_owned(),
-            token: token.to_owned(),
-            route: route.to_owned(),
-            fingerprint,
-            order_no: request.order_no.clone(),
-            amount: request.amount,
-            currency: request.currency.clone(),
-            request_no: request_no.clone(),
-        };
-        let workflow_id = payment_workflow_id(token);
-        let handle = match self.engine.start::<PaymentSaga>(&workflow_id, &input).await {
-            Ok(handle) => handle,
-            Err(onceflow_engine::Error::Conflict { .. }) => return Ok(mismatch()),
-            Err(e) => return Err(e.into()),
-        };
-        let replayed = handle.attached() || stored.state != token_state::ISSUED;
+        match self.run(&input, wait, stored.state != token_state::ISSUED).await {
+            Ok(response) => Ok(response),
+            Err(onceflow_engine::Error::Conflict { .. }) => Ok(mismatch()),
+            // The token expired or was taken between the check and the first commit: nothing was stored.
+            Err(onceflow_engine::Error::Refused(_)) => Ok(not_found()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Starts (or attaches to) the payment workflow of `input` and answers from its outcome. `replayed`: the
+    /// token was already in use before this request.
+    async fn run(&self, input: &PaymentInput, wait: Duration, replayed: bool) -> onceflow_engine::Result<PayResponse> {
+        let workflow_id = payment_workflow_id(&input.token);
+        let handle = self.engine.start::<PaymentSaga>(&workflow_id, input).await?;
+        let replayed = replayed || handle.attached();
         let outcome = handle.wait(wait).await?;
         let response = match outcome {
             Some(Outcome::Completed(value)) => {
-                let response: StoredResponse =
-                    serde_json::from_value(value).map_err(|e| Error::Unavailable(e.to_string()))?;
+                let response: StoredResponse = serde_json::from_value(value)?;
                 PayResponse { replayed, ..PayResponse::fresh(response) }
             }
             Some(Outcome::Failed(f) | Outcome::CompensationFailed(f) | Outcome::Cancelled(f)) => {
@@ -244,18 +243,47 @@ impl<S: PaymentStore> Payments<S> {
             None => PayResponse {
                 status: 202,
                 body: json!({
-                    "request_no": request_no,
-                    "order_no": request.order_no,
-                    "amount": request.amount,
-                    "currency": request.currency,
+                    "request_no": input.request_no,
+                    "order_no": input.order_no,
+                    "amount": input.amount,
+                    "currency": input.currency,
                     "status": "processing",
                 })
                 .to_string(),
                 replayed: false,
-                location: Some(format!("/v1/payments/{request_no}")),
+                location: Some(format!("/v1/payments/{}", input.request_no)),
             },
         };
-        tracing::info!(%workflow_id, %request_no, status = response.status, replayed, "payment answered");
+        let (request_no, status) = (&input.request_no, response.status);
+        tracing::info!(%workflow_id, %request_no, status, replayed, "payment answered");
         Ok(response)
     }
+}
+
+/// The workflow input of a validated request: bound to its token, its fingerprint and route, and the payment's
+/// number (the client's, or derived from the token; never replaced).
+fn payment_input(tenant: &str, token: &str, route: &str, request: &PayRequest) -> PaymentInput {
+    PaymentInput {
+        tenant: tenant.to_owned(),
+        token: token.to_owned(),
+        route: route.to_owned(),
+        fingerprint: request.fingerprint(),
+        order_no: request.order_no.clone(),
+        amount: request.amount,
+        currency: request.currency.clone(),
+        request_no: request.request_no.clone().unwrap_or_else(|| format!("R-{}", &hex_sha256(token.as_bytes())[..24])),
+    }
+}
+
+fn not_found() -> PayResponse {
+    PayResponse::problem(404, "token_not_found", "Token not found", "the token is unknown or expired")
+}
+
+fn mismatch() -> PayResponse {
+    PayResponse::problem(
+        422,
+        "idempotency_key_mismatch",
+        "Idempotency key reused",
+        "this token was used for a different request",
+    )
 }

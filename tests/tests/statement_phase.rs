@@ -1,6 +1,7 @@
 //! Statement phases on Postgres (a phase of steps sent with its commit as one statement): the steps' writes, their
 //! rows and the workflow's progress commit together or not at all — under a lost lease, a racing duplicate
-//! start, a guard that does not hold, and a phase deferred to the workflow's completing commit.
+//! start, a guard that does not hold (on the first commit: the start is refused), and a phase deferred to the
+//! workflow's completing commit.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -132,6 +133,25 @@ async fn a_failed_guard_writes_nothing_and_fails_the_step() {
         assert_eq!(write.status, step_status::FAILED, "{id}");
         assert_eq!(store.workflow(id).await.unwrap().unwrap().state, state::FAILED);
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_phase_whose_guard_fails_refuses_the_start() {
+    let Some(store) = pg_store().await.unwrap() else { return };
+    let (engine, _, _) = engine(store.clone(), &clock());
+    let refused = Plan { phase_first: true, ..plan(false, false) };
+    match engine.start::<Phased>("refused", &refused).await {
+        Err(onceflow_engine::Error::Refused(failure)) => assert_eq!(failure.code, "guarded"),
+        other => panic!("expected a refused start, got {:?}", other.map(|h| h.attached())),
+    }
+    // Nothing of it exists: no workflow, no step, no effect; the id can start again.
+    assert!(store.workflow("refused").await.unwrap().is_none());
+    assert!(store.steps("refused").await.unwrap().is_empty());
+    assert!(store.effects("refused").await.unwrap().is_empty());
+    let accepted = Plan { phase_first: true, ..plan(true, false) };
+    let outcome = engine.start::<Phased>("refused", &accepted).await.unwrap().wait(WAIT).await.unwrap();
+    assert!(matches!(outcome, Some(Outcome::Completed(_))));
+    assert_eq!(store.effects("refused").await.unwrap(), ["p"]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

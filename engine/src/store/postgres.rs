@@ -171,9 +171,11 @@ impl Store for PgStore {
                 parts.len() - 1
             ));
         }
+        // The bookkeeping's check first: a phase of a workflow that exists already (or is no longer ours) is a
+        // duplicate start (or a lost lease), whatever its guard says.
         let guard = phase.and_then(|p| p.phase.guard.as_ref()).map_or("TRUE", |(g, _)| g.as_str());
         let mut sql = format!(
-            "WITH {} SELECT onceflow_check({guard}, 'OF001'), onceflow_check({held}, '{code}')",
+            "WITH {} SELECT onceflow_check({held}, '{code}'), onceflow_check({guard}, 'OF001')",
             ctes.join(", ")
         );
         if notify {

@@ -142,10 +142,15 @@ pub trait PaymentStore: Store {
         })
     }
 
+    /// Whether the payment's first phase refuses a start whose token it cannot claim or whose order does not
+    /// exist, recording nothing (a statement phase's guard on the first commit): then the service starts a
+    /// payment before reading its token, and reads it only when refused.
+    const REFUSES_UNCLAIMED_STARTS: bool = false;
+
     /// Phase 1 (`claim_token`, `insert_record`, `reserve_status`, then the intent of `call_channel`, under
     /// `specs`) as one statement phase, where the store sends a phase with its commit in one round trip
-    /// (Postgres). `None`: the saga runs the steps' closures. Unless the token is claimed, nothing is written
-    /// and `claim_token` fails with `not_claimed`.
+    /// (Postgres). `None`: the saga runs the steps' closures. Unless the token is claimed and the order exists,
+    /// nothing is written and `claim_token` fails with `not_claimed`.
     fn reserve_phase(i: &PaymentInput, now: i64, specs: [StepSpec; 4], not_claimed: Failure) -> Option<StatementPhase> {
         let _ = (i, now, specs, not_claimed);
         None
@@ -428,6 +433,7 @@ macro_rules! impl_payment_store {
 
 impl_payment_store!(
     PgStore,
+    const REFUSES_UNCLAIMED_STARTS: bool = true;,
     fn reserve_phase(i: &PaymentInput, now: i64, specs: [StepSpec; 4], not_claimed: Failure) -> Option<StatementPhase> {
         Some(phases::reserve(i, now, specs, not_claimed))
     },

@@ -10,7 +10,7 @@ use crate::store::Confirm;
 
 /// `claim_token`, `insert_record` (only once the token is claimed), `reserve_status` (only once the record
 /// is inserted) and, once the order is reserved, the intent of the channel call `charge`. Unless the token is
-/// claimed nothing is written and `claim_token` fails with `not_claimed`.
+/// claimed and the order exists nothing is written and `claim_token` fails with `not_claimed`.
 pub(crate) fn reserve(
     i: &PaymentInput,
     now: i64,
@@ -56,7 +56,10 @@ pub(crate) fn reserve(
         PhaseStep::new(reserve, reserved).when(inserted),
         PhaseStep::intent(charge).when("EXISTS (SELECT 1 FROM p_order)"),
     ];
-    StatementPhase::new(ctes, args, steps).guard(claimed, not_claimed)
+    // An unknown order is not stored either: the token stays unbound (a start that is the workflow's first
+    // commit is refused).
+    let guard = format!("{claimed} AND EXISTS (SELECT 1 FROM p_found)");
+    StatementPhase::new(ctes, args, steps).guard(guard, not_claimed)
 }
 
 /// `confirm`: order `paying → paid`, the record `succeeded` with the charge id, the token `completed` with the
