@@ -310,16 +310,15 @@ impl<S: Store> Engine<S> {
         loop {
             let here = self.core.running().contains_key(workflow_id);
             if !here {
-                let record = if asked_remote {
-                    self.core.store.workflow(workflow_id).await?
-                } else {
+                let mut record = self.core.store.workflow(workflow_id).await?;
+                // Ask the runner elsewhere for a notification only for a workflow still running: a finished one
+                // (every repeat of a finished payment) is answered by the read, without a write.
+                if !asked_remote && record.as_ref().is_some_and(|r| !state::is_final(&r.state)) {
                     asked_remote = self.listen_remote().await;
                     if asked_remote {
-                        self.core.store.request_notify(workflow_id).await?
-                    } else {
-                        self.core.store.workflow(workflow_id).await?
+                        record = self.core.store.request_notify(workflow_id).await?;
                     }
-                };
+                }
                 let record = record.ok_or_else(|| Error::NotFound(workflow_id.to_owned()))?;
                 if let Some(outcome) = Outcome::from_record(&record) {
                     return Ok(Some(outcome));
