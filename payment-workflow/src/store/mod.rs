@@ -109,7 +109,8 @@ pub trait PaymentStore: Store {
 
     /// The commit after a successful charge: order `paying → paid`, the record `succeeded` with its charge id,
     /// the token `completed` with the 201 `body`. Nothing changes, and `false` comes back, if the order was
-    /// not `paying`. Three statements (Postgres runs [`PaymentStore::confirm_phase`] instead).
+    /// not `paying`. Three statements (SQLite sends them in one call; Postgres runs
+    /// [`PaymentStore::confirm_phase`] instead).
     #[allow(clippy::too_many_arguments)]
     fn confirm_payment<'c>(
         conn: &'c mut Conn<Self>,
@@ -441,4 +442,40 @@ impl_payment_store!(
         Some(phases::confirm(i, now, spec, charge))
     }
 );
-impl_payment_store!(SqliteStore);
+impl_payment_store!(
+    SqliteStore,
+    /// One multi-statement call (one hand-off to the writer's thread where there were three): each update runs
+    /// only if the one before changed its row (`changes()`), so the last one's count says whether all did.
+    fn confirm_payment<'c>(
+        conn: &'c mut Conn<Self>,
+        tenant: String,
+        order_no: String,
+        request_no: String,
+        charge_id: String,
+        token: String,
+        body: String,
+        now: i64,
+    ) -> Sql<'c, bool> {
+        Box::pin(async move {
+            let paid: bool = sqlx::query_scalar(
+                "UPDATE orders SET status = 'paid', version = version + 1, updated_at = $5 \
+                 WHERE tenant = $1 AND order_no = $2 AND status = 'paying'; \
+                 UPDATE payments SET status = 'succeeded', charge_id = $4, updated_at = $5 \
+                 WHERE tenant = $1 AND request_no = $3 AND changes() = 1; \
+                 UPDATE idempotency_tokens SET state = 'completed', response_status = 201, response_body = $7, \
+                 updated_at = $5 WHERE token = $6 AND changes() = 1; \
+                 SELECT changes() = 1",
+            )
+            .bind(tenant)
+            .bind(order_no)
+            .bind(request_no)
+            .bind(charge_id)
+            .bind(now)
+            .bind(token)
+            .bind(body)
+            .fetch_one(conn)
+            .await?;
+            Ok(paid)
+        })
+    }
+);
