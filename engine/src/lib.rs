@@ -6,6 +6,8 @@
 //! workflows by leases with a fencing epoch checked by every commit; a recovery loop in any process resumes
 //! what a dead one left. Compensations registered before their forward steps run in reverse on failure.
 //! Stores exist for Postgres (many processes), MySQL / MariaDB (many processes) and SQLite (embedded).
+//! On Postgres a phase may also be given as one SQL statement ([`StatementPhase`]), sent with its commit in a
+//! single round trip.
 //!
 //! ```no_run
 //! use onceflow_engine::{BoxFuture, Engine, Interrupt, SqliteStore, Store, Workflow, WorkflowContext};
