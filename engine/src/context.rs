@@ -12,7 +12,7 @@ use serde_json::Value;
 
 use crate::engine::{Core, StartSignal};
 use crate::error::{Error, Failure, Interrupt, StepError, is_transient};
-use crate::phase::{PhaseCommit, PhaseRow, StatementOutcome, StatementPhase};
+use crate::phase::{PhaseCommit, PhaseRow, PhaseStep, StatementOutcome, StatementPhase};
 use crate::step::{Attempt, Previous, StepSpec};
 use crate::store::{
     Checkpoint, CompensationRecord, Conn, Fence, Persisted, StepRecord, Store, Tx, WorkflowRecord, WorkflowUpdate,
@@ -344,19 +344,14 @@ impl<S: Store> WorkflowContext<S> {
             Ok(Single::GuardFailed) => {
                 self.abort_phase().await;
                 let failure = phase.guard_failure();
-                if let Some(first) = phase.steps.first() {
-                    self.push_step(StepRecord {
-                        workflow_id: String::new(),
-                        step_key: format!("{}{}", self.prefix, first.spec.key),
-                        step_name: first.spec.name.clone(),
-                        kind: kind::TRANSACTIONAL.to_owned(),
+                if let (Some(key), Some(first)) = (keys.first(), phase.steps.first()) {
+                    let error = Some(failure_json(&failure));
+                    let failed = StepRecord {
                         status: step_status::FAILED.to_owned(),
-                        attempts: 1,
-                        output: None,
-                        error: Some(failure_json(&failure)),
-                        started_at: now,
-                        finished_at: Some(now),
-                    });
+                        error,
+                        ..self.phase_record(key, first, now)
+                    };
+                    self.push_step(failed);
                 }
                 return Err(Interrupt::Failed(failure));
             }
@@ -376,7 +371,13 @@ impl<S: Store> WorkflowContext<S> {
                 values.push(None);
                 // Written only if its condition held: the body's next call of the external step starts from it.
                 if output.is_some() {
-                    self.history.insert(key.clone(), self.intent_row(&key, &step.spec.name, now));
+                    let intent = StepRecord {
+                        kind: kind::EXTERNAL.to_owned(),
+                        status: step_status::STARTED.to_owned(),
+                        finished_at: None,
+                        ..self.phase_record(&key, step, now)
+                    };
+                    self.history.insert(key.clone(), intent);
                     self.fresh_intents.insert(key);
                 }
                 continue;
@@ -386,35 +387,25 @@ impl<S: Store> WorkflowContext<S> {
                 continue;
             };
             values.push(Some(serde_json::from_str(&output).map_err(|e| Interrupt::Engine(e.into()))?));
-            let row = StepRecord {
-                workflow_id: self.workflow_id.clone(),
-                step_key: key.clone(),
-                step_name: step.spec.name.clone(),
-                kind: kind::TRANSACTIONAL.to_owned(),
-                status: step_status::COMPLETED.to_owned(),
-                attempts: 1,
-                output: Some(output),
-                error: None,
-                started_at: now,
-                finished_at: Some(now),
-            };
-            self.history.insert(key, row);
+            let completed = StepRecord { output: Some(output), ..self.phase_record(&key, step, now) };
+            self.history.insert(key, completed);
         }
         Ok(values)
     }
 
-    fn intent_row(&self, key: &str, name: &str, now: i64) -> StepRecord {
+    /// A phase step's row as the statement wrote it (transactional, completed, no output yet).
+    fn phase_record(&self, key: &str, step: &PhaseStep, now: i64) -> StepRecord {
         StepRecord {
             workflow_id: self.workflow_id.clone(),
             step_key: key.to_owned(),
-            step_name: name.to_owned(),
-            kind: kind::EXTERNAL.to_owned(),
-            status: step_status::STARTED.to_owned(),
+            step_name: step.spec.name.clone(),
+            kind: kind::TRANSACTIONAL.to_owned(),
+            status: step_status::COMPLETED.to_owned(),
             attempts: 1,
             output: None,
             error: None,
             started_at: now,
-            finished_at: None,
+            finished_at: Some(now),
         }
     }
 
@@ -540,14 +531,7 @@ impl<S: Store> WorkflowContext<S> {
     ) -> Result<Single, Interrupt> {
         let now = self.core.now();
         let inserting = self.insert.as_ref().map(|row| update.applied_to(row, now));
-        let fence =
-            inserting.is_none().then_some(Fence { workflow_id: &self.workflow_id, epoch: self.epoch, update, now });
-        let checkpoint = Checkpoint {
-            insert: inserting.as_ref(),
-            steps: &self.pending_steps,
-            compensations: &self.pending_comps,
-            fence,
-        };
+        let checkpoint = self.checkpoint(inserting.as_ref(), update, now);
         let finished = update.state.is_some_and(state::is_final);
         let outputs = match self.core.store.commit_statement(&checkpoint, phase, finished).await? {
             None => return Ok(Single::Unsupported),
@@ -558,6 +542,19 @@ impl<S: Store> WorkflowContext<S> {
         };
         self.committed();
         Ok(Single::Done(outputs))
+    }
+
+    /// A commit's bookkeeping applying `update`: the pending rows, and the fence — or, on the first commit,
+    /// `inserting` (the workflow row as this commit leaves it; no fence, the epoch is ours).
+    fn checkpoint<'a>(
+        &'a self,
+        inserting: Option<&'a WorkflowRecord>,
+        update: &'a WorkflowUpdate,
+        now: i64,
+    ) -> Checkpoint<'a> {
+        let fence =
+            inserting.is_none().then_some(Fence { workflow_id: &self.workflow_id, epoch: self.epoch, update, now });
+        Checkpoint { insert: inserting, steps: &self.pending_steps, compensations: &self.pending_comps, fence }
     }
 
     /// After a commit: nothing is pending, and a start waiting for the first commit hears of it.
@@ -588,29 +585,20 @@ impl<S: Store> WorkflowContext<S> {
         }
         let now = self.core.now();
         let store = self.core.store.clone();
-        let id = self.workflow_id.clone();
-        let epoch = self.epoch;
         self.open_tx().await?;
         let Some(mut tx) = self.tx.take() else {
             return Err(Interrupt::LeaseLost);
         };
         // From here an early return drops (rolls back) the transaction. Before the first commit nothing has
         // left the database (an external step commits its intent first), so a duplicate undoes everything.
-        // The first commit inserts the row as this commit leaves it: no fence, the epoch is ours.
         let inserting = self.insert.as_ref().map(|row| update.applied_to(row, now));
-        let fence = inserting.is_none().then_some(Fence { workflow_id: &id, epoch, update: &update, now });
-        let checkpoint = Checkpoint {
-            insert: inserting.as_ref(),
-            steps: &self.pending_steps,
-            compensations: &self.pending_comps,
-            fence,
-        };
+        let checkpoint = self.checkpoint(inserting.as_ref(), &update, now);
         match store.persist(&mut tx, &checkpoint).await? {
             Persisted::Duplicate => return Err(Interrupt::Duplicate),
             Persisted::LeaseLost => return Err(Interrupt::LeaseLost),
             Persisted::Done { notify } => {
                 if notify && update.state.is_some_and(state::is_final) {
-                    store.notify_finished(&mut tx, &id).await?;
+                    store.notify_finished(&mut tx, &self.workflow_id).await?;
                 }
             }
         }

@@ -13,7 +13,7 @@ use serde_json::json;
 
 use crate::channel::{Channel, ChannelError, Charge, ChargeRequest, ChargeStatus, RefundRequest, RefundStatus};
 use crate::model::{PaymentRecord, StoredResponse, order_status, payment_status, problem};
-use crate::store::{Confirm, PaymentStore, Reserve};
+use crate::store::{PaymentStore, Reserve, phases};
 
 /// What a payment workflow is started with: the request, resolved and bound to its token.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -108,7 +108,7 @@ impl<S: PaymentStore> Workflow<S> for PaymentSaga {
         let i = &input;
 
         // Phase 1, one commit: claim the token, insert the record, reserve the order.
-        let [claim, insert, reserve] = [
+        let [claim, insert, reserve_spec] = [
             step("claim_token").compensate_with("store_response", ()),
             step("insert_record").compensate_with("fail_record", ()),
             step("reserve_status").compensate_with("release_order", ()),
@@ -118,18 +118,14 @@ impl<S: PaymentStore> Workflow<S> for PaymentSaga {
             // Checked before the start; only an expiry in between gets here.
             failure_with_response(404, "token_not_found", "Token not found", "the token is unknown or expired")
         };
-        let specs = [claim.clone(), insert.clone(), reserve.clone(), charge_spec.clone()];
-        let reserve = match S::reserve_phase(i, now, specs, not_claimed()) {
-            Some(phase) => {
-                let mut outputs = ctx.statement_phase(phase).await?.into_iter();
-                let _claimed = outputs.next();
-                let inserted: bool = decode(outputs.next().flatten())?;
-                match outputs.next().flatten() {
-                    Some(reserve) if inserted => Some(decode(Some(reserve))?),
-                    _ => None,
-                }
-            }
-            None => reserve_steps::<S>(ctx, i, now, [claim, insert, reserve], not_claimed()).await?,
+        let reserve = if S::STATEMENT_PHASES {
+            let phase = phases::reserve(i, now, [claim, insert, reserve_spec, charge_spec.clone()], not_claimed());
+            // Outputs: claimed (always, past the guard), inserted, the reservation (once inserted), the intent.
+            let outputs = ctx.statement_phase(phase).await?;
+            let inserted: bool = decode(outputs.get(1))?;
+            if inserted { Some(decode(outputs.get(2))?) } else { None }
+        } else {
+            reserve_steps::<S>(ctx, i, now, [claim, insert, reserve_spec], not_claimed()).await?
         };
         let Some(reserve) = reserve else {
             let detail = format!("request_no {} is already used by another payment", i.request_no);
@@ -188,8 +184,8 @@ impl<S: PaymentStore> Workflow<S> for PaymentSaga {
         let body = i.payment_body(payment_status::SUCCEEDED, Some(&charge_id));
         let not_paying = || Failure::new("order_not_paying", "the order left paying");
         let response = StoredResponse { status: 201, body: body.clone() };
-        let confirm = Confirm { charge_id: charge_id.clone(), response: response.clone(), not_paying: not_paying() };
-        if let Some(phase) = S::confirm_phase(i, now, step("confirm"), &confirm) {
+        if S::STATEMENT_PHASES {
+            let phase = phases::confirm(i, now, step("confirm"), &charge_id, &response, not_paying());
             // Written by the commit that completes the workflow: one statement for the channel's outcome,
             // `confirm`, and the workflow's end.
             return ctx.finish_with(phase, response).await;
@@ -305,8 +301,9 @@ async fn reserve_steps<S: PaymentStore>(
 }
 
 /// A statement phase step's output as its type.
-fn decode<T: serde::de::DeserializeOwned>(output: Option<serde_json::Value>) -> Result<T, Interrupt> {
-    serde_json::from_value(output.unwrap_or_default()).map_err(|e| Interrupt::Engine(e.into()))
+fn decode<T: serde::de::DeserializeOwned>(output: Option<&Option<serde_json::Value>>) -> Result<T, Interrupt> {
+    let value = output.and_then(Option::as_ref).unwrap_or(&serde_json::Value::Null);
+    T::deserialize(value).map_err(|e| Interrupt::Engine(e.into()))
 }
 
 /// A rejection decided before the channel: stored on the token (and on the record when it is ours), replayed.

@@ -171,13 +171,11 @@ impl<S: PaymentStore> Payments<S> {
             return Ok(PayResponse::problem(400, "invalid_request", "Invalid request", &message));
         }
         let input = payment_input(tenant, token, route, request);
-        if S::REFUSES_UNCLAIMED_STARTS {
+        if S::STATEMENT_PHASES {
             match self.run(&input, wait, false).await {
                 // Refused (nothing was recorded), or attached to a run that was: decide from the token.
                 Err(onceflow_engine::Error::Refused(_) | onceflow_engine::Error::NotFound(_)) => {}
-                Err(onceflow_engine::Error::Conflict { .. }) => return Ok(mismatch()),
-                Err(e) => return Err(e.into()),
-                Ok(response) => return Ok(response),
+                other => return Ok(other?),
             }
         }
         let Some((stored, order_exists)) = self.store().token_and_order(token, tenant, &request.order_no).await? else {
@@ -214,18 +212,21 @@ impl<S: PaymentStore> Payments<S> {
         }
         match self.run(&input, wait, stored.state != token_state::ISSUED).await {
             Ok(response) => Ok(response),
-            Err(onceflow_engine::Error::Conflict { .. }) => Ok(mismatch()),
             // The token expired or was taken between the check and the first commit: nothing was stored.
             Err(onceflow_engine::Error::Refused(_)) => Ok(not_found()),
             Err(e) => Err(e.into()),
         }
     }
 
-    /// Starts (or attaches to) the payment workflow of `input` and answers from its outcome. `replayed`: the
-    /// token was already in use before this request.
+    /// Starts (or attaches to) the payment workflow of `input` and answers from its outcome; a workflow of
+    /// the token with another request is a mismatch. `replayed`: the token was already in use before this
+    /// request.
     async fn run(&self, input: &PaymentInput, wait: Duration, replayed: bool) -> onceflow_engine::Result<PayResponse> {
         let workflow_id = payment_workflow_id(&input.token);
-        let handle = self.engine.start::<PaymentSaga>(&workflow_id, input).await?;
+        let handle = match self.engine.start::<PaymentSaga>(&workflow_id, input).await {
+            Err(onceflow_engine::Error::Conflict { .. }) => return Ok(mismatch()),
+            started => started?,
+        };
         let replayed = replayed || handle.attached();
         let outcome = handle.wait(wait).await?;
         let response = match outcome {

@@ -4,24 +4,12 @@
 
 use std::future::Future;
 
-use onceflow_engine::{BoxFuture, Conn, Failure, PgStore, SqliteStore, StatementPhase, StepError, StepSpec, Store};
+use onceflow_engine::{BoxFuture, Conn, PgStore, SqliteStore, StepError, Store};
 
-use crate::model::{Order, PaymentRecord, StoredResponse, TokenRecord, order_status, payment_status};
-use crate::saga::PaymentInput;
+use crate::model::{Order, PaymentRecord, TokenRecord, order_status, payment_status};
 
 mod mysql;
-mod phases;
-
-/// What `confirm` writes after a successful charge.
-#[derive(Debug, Clone)]
-pub struct Confirm {
-    /// The channel's charge id.
-    pub charge_id: String,
-    /// The `201` response the token stores.
-    pub response: StoredResponse,
-    /// The failure when the order is no longer `paying`.
-    pub not_paying: Failure,
-}
+pub(crate) mod phases;
 
 /// How reserving an order for payment went.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -109,8 +97,8 @@ pub trait PaymentStore: Store {
 
     /// The commit after a successful charge: order `paying → paid`, the record `succeeded` with its charge id,
     /// the token `completed` with the 201 `body`. Nothing changes, and `false` comes back, if the order was
-    /// not `paying`. Three statements (SQLite sends them in one call; Postgres runs
-    /// [`PaymentStore::confirm_phase`] instead).
+    /// not `paying`. Three statements (SQLite sends them in one call; Postgres runs [`phases::confirm`]
+    /// instead).
     #[allow(clippy::too_many_arguments)]
     fn confirm_payment<'c>(
         conn: &'c mut Conn<Self>,
@@ -143,27 +131,11 @@ pub trait PaymentStore: Store {
         })
     }
 
-    /// Whether the payment's first phase refuses a start whose token it cannot claim or whose order does not
-    /// exist, recording nothing (a statement phase's guard on the first commit): then the service starts a
-    /// payment before reading its token, and reads it only when refused.
-    const REFUSES_UNCLAIMED_STARTS: bool = false;
-
-    /// Phase 1 (`claim_token`, `insert_record`, `reserve_status`, then the intent of `call_channel`, under
-    /// `specs`) as one statement phase, where the store sends a phase with its commit in one round trip
-    /// (Postgres). `None`: the saga runs the steps' closures. Unless the token is claimed and the order exists,
-    /// nothing is written and `claim_token` fails with `not_claimed`.
-    fn reserve_phase(i: &PaymentInput, now: i64, specs: [StepSpec; 4], not_claimed: Failure) -> Option<StatementPhase> {
-        let _ = (i, now, specs, not_claimed);
-        None
-    }
-
-    /// Phase 2 (`confirm` under `spec`, with the output `response`) as one statement phase, as
-    /// [`PaymentStore::confirm_payment`] does it; `None` where the saga runs the closure. Unless the order was
-    /// `paying`, nothing is written and the step fails with `not_paying`.
-    fn confirm_phase(i: &PaymentInput, now: i64, spec: StepSpec, charge: &Confirm) -> Option<StatementPhase> {
-        let _ = (i, now, spec, charge);
-        None
-    }
+    /// Whether the store runs the saga's two phases as the Postgres statement phases of [`phases`], each sent
+    /// with its commit as one statement, instead of the closure steps. Phase 1 then refuses a start whose token
+    /// it cannot claim or whose order does not exist, recording nothing, so the service starts a payment
+    /// before reading its token and reads it only when refused.
+    const STATEMENT_PHASES: bool = false;
 
     /// Inserts an order; `false` when the tenant has one with this `order_no`.
     fn insert_order(&self, order: &Order) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
@@ -432,16 +404,7 @@ macro_rules! impl_payment_store {
     };
 }
 
-impl_payment_store!(
-    PgStore,
-    const REFUSES_UNCLAIMED_STARTS: bool = true;,
-    fn reserve_phase(i: &PaymentInput, now: i64, specs: [StepSpec; 4], not_claimed: Failure) -> Option<StatementPhase> {
-        Some(phases::reserve(i, now, specs, not_claimed))
-    },
-    fn confirm_phase(i: &PaymentInput, now: i64, spec: StepSpec, charge: &Confirm) -> Option<StatementPhase> {
-        Some(phases::confirm(i, now, spec, charge))
-    }
-);
+impl_payment_store!(PgStore, const STATEMENT_PHASES: bool = true;);
 impl_payment_store!(
     SqliteStore,
     /// One multi-statement call (one hand-off to the writer's thread where there were three): each update runs

@@ -5,8 +5,8 @@
 
 use onceflow_engine::{Failure, PhaseStep, SqlArg, StatementPhase, StepSpec};
 
+use crate::model::StoredResponse;
 use crate::saga::PaymentInput;
-use crate::store::Confirm;
 
 /// `claim_token`, `insert_record` (only once the token is claimed), `reserve_status` (only once the record
 /// is inserted) and, once the order is reserved, the intent of the channel call `charge`. Unless the token is
@@ -62,10 +62,17 @@ pub(crate) fn reserve(
     StatementPhase::new(ctes, args, steps).guard(guard, not_claimed)
 }
 
-/// `confirm`: order `paying → paid`, the record `succeeded` with the charge id, the token `completed` with the
-/// 201 response, which is also the step's output. Unless the order was `paying` nothing is written and the step
-/// fails with `not_paying`.
-pub(crate) fn confirm(i: &PaymentInput, now: i64, spec: StepSpec, c: &Confirm) -> StatementPhase {
+/// `confirm`: order `paying → paid`, the record `succeeded` with `charge_id`, the token `completed` with the
+/// 201 `response`, which is also the step's output. Unless the order was `paying` nothing is written and the
+/// step fails with `not_paying`.
+pub(crate) fn confirm(
+    i: &PaymentInput,
+    now: i64,
+    spec: StepSpec,
+    charge_id: &str,
+    response: &StoredResponse,
+    not_paying: Failure,
+) -> StatementPhase {
     let ctes = vec![
         "p_order AS (UPDATE orders SET status = 'paid', version = version + 1, updated_at = $5 \
          WHERE tenant = $1 AND order_no = $2 AND status = 'paying' RETURNING 1)"
@@ -81,13 +88,13 @@ pub(crate) fn confirm(i: &PaymentInput, now: i64, spec: StepSpec, c: &Confirm) -
         SqlArg::Text(i.tenant.clone()),
         SqlArg::Text(i.order_no.clone()),
         SqlArg::Text(i.request_no.clone()),
-        SqlArg::Text(c.charge_id.clone()),
+        SqlArg::Text(charge_id.to_owned()),
         SqlArg::Int(now),
         SqlArg::Text(i.token.clone()),
-        SqlArg::Text(c.response.body.clone()),
-        SqlArg::Int(i64::from(c.response.status)),
-        SqlArg::Text(serde_json::to_string(&c.response).unwrap_or_default()),
+        SqlArg::Text(response.body.clone()),
+        SqlArg::Int(i64::from(response.status)),
+        SqlArg::Text(serde_json::to_string(response).unwrap_or_default()),
     ];
     let paid = "EXISTS (SELECT 1 FROM p_order) AND EXISTS (SELECT 1 FROM p_record) AND EXISTS (SELECT 1 FROM p_token)";
-    StatementPhase::new(ctes, args, vec![PhaseStep::new(spec, "$9")]).guard(paid, c.not_paying.clone())
+    StatementPhase::new(ctes, args, vec![PhaseStep::new(spec, "$9")]).guard(paid, not_paying)
 }
