@@ -65,7 +65,7 @@ pub use retry::RetryPolicy;
 pub use step::{Attempt, Previous, StepSpec, step};
 pub use store::{
     Checkpoint, CompensationRecord, Conn, Fence, Listener, MYSQL_MIGRATOR, MySqlStore, POSTGRES_MIGRATOR, Persisted,
-    PgStore, Reopen, SQLITE_MIGRATOR, SqliteStore, StepRecord, Store, Tx, WorkflowRecord, WorkflowUpdate,
-    compensation_status, kind, state, step_status,
+    PgStore, Reopen, SQLITE_MIGRATOR, SQLITE_PHASE_FLAGS, SqliteStore, StepRecord, Store, Tx, WorkflowRecord,
+    WorkflowUpdate, compensation_status, kind, state, step_status,
 };
 pub use workflow::{BoxFuture, Compensation, Workflow};

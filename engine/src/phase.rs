@@ -1,6 +1,6 @@
-//! Statement phases: consecutive transactional steps written as the parts of one SQL statement, so that a store
-//! able to (Postgres) sends them together with their commit's bookkeeping as a single statement — one round
-//! trip, no `BEGIN`/`COMMIT` — instead of a transaction of several.
+//! Statement phases: consecutive transactional steps written as SQL the store sends together with their commit's
+//! bookkeeping in one call — on Postgres one statement (one round trip, no `BEGIN`/`COMMIT`), on SQLite one
+//! multi-statement call to the writer's thread — instead of a transaction of several.
 
 use crate::error::Failure;
 use crate::step::StepSpec;
@@ -44,8 +44,10 @@ impl PhaseStep {
     }
 }
 
-/// Transactional steps as one statement: data-modifying common table expressions, the steps they record and
-/// a guard. Built by a store-specific module (the SQL is the backend's dialect); run by
+/// Transactional steps as one call: their SQL, the steps they record and a guard. Built by a store-specific
+/// module, since the SQL is the backend's dialect: on Postgres data-modifying common table expressions of one
+/// statement; on SQLite statements run in order inside the commit's transaction, which record what they did in
+/// [`crate::SQLITE_PHASE_FLAGS`] for the expressions after them. Run by
 /// [`crate::WorkflowContext::statement_phase`].
 #[derive(Debug, Clone)]
 pub struct StatementPhase {
@@ -56,8 +58,8 @@ pub struct StatementPhase {
 }
 
 impl StatementPhase {
-    /// A phase of `ctes` (each `name AS (…)`, run as one statement; parameters `$1…` over `args`) recording
-    /// `steps` in order.
+    /// A phase of `ctes` (Postgres: each `name AS (…)`, run as one statement; SQLite: statements; parameters
+    /// `$1…` over `args`) recording `steps` in order.
     pub fn new(ctes: Vec<String>, args: Vec<SqlArg>, steps: Vec<PhaseStep>) -> Self {
         Self { ctes, args, steps, guard: None }
     }

@@ -44,4 +44,4 @@ pub use model::{
 };
 pub use saga::{PaymentInput, PaymentSaga};
 pub use service::{IssuedToken, PayResponse, Payments, TOKEN_TTL_MS, payment_workflow_id};
-pub use store::{PaymentStore, Reserve};
+pub use store::{PaymentStore, PhaseDialect, Reserve};

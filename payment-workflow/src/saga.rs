@@ -118,8 +118,9 @@ impl<S: PaymentStore> Workflow<S> for PaymentSaga {
             // Checked before the start; only an expiry in between gets here.
             failure_with_response(404, "token_not_found", "Token not found", "the token is unknown or expired")
         };
-        let reserve = if S::STATEMENT_PHASES {
-            let phase = phases::reserve(i, now, [claim, insert, reserve_spec, charge_spec.clone()], not_claimed());
+        let reserve = if let Some(dialect) = S::STATEMENT_PHASES {
+            let phase =
+                phases::reserve(dialect, i, now, [claim, insert, reserve_spec, charge_spec.clone()], not_claimed());
             // Outputs: claimed (always, past the guard), inserted, the reservation (once inserted), the intent.
             let outputs = ctx.statement_phase(phase).await?;
             let inserted: bool = decode(outputs.get(1))?;
@@ -184,8 +185,8 @@ impl<S: PaymentStore> Workflow<S> for PaymentSaga {
         let body = i.payment_body(payment_status::SUCCEEDED, Some(&charge_id));
         let not_paying = || Failure::new("order_not_paying", "the order left paying");
         let response = StoredResponse { status: 201, body: body.clone() };
-        if S::STATEMENT_PHASES {
-            let phase = phases::confirm(i, now, step("confirm"), &charge_id, &response, not_paying());
+        if let Some(dialect) = S::STATEMENT_PHASES {
+            let phase = phases::confirm(dialect, i, now, step("confirm"), &charge_id, &response, not_paying());
             // Written by the commit that completes the workflow: one statement for the channel's outcome,
             // `confirm`, and the workflow's end.
             return ctx.finish_with(phase, response).await;

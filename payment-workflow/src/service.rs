@@ -171,7 +171,7 @@ impl<S: PaymentStore> Payments<S> {
             return Ok(PayResponse::problem(400, "invalid_request", "Invalid request", &message));
         }
         let input = payment_input(tenant, token, route, request);
-        if S::STATEMENT_PHASES {
+        if S::STATEMENT_PHASES.is_some() {
             match self.run(&input, wait, false).await {
                 // Refused (nothing was recorded), or attached to a run that was: decide from the token.
                 Err(onceflow_engine::Error::Refused(_) | onceflow_engine::Error::NotFound(_)) => {}

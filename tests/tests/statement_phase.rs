@@ -1,16 +1,17 @@
-//! Statement phases on Postgres (a phase of steps sent with its commit as one statement): the steps' writes, their
-//! rows and the workflow's progress commit together or not at all — under a lost lease, a racing duplicate
-//! start, a guard that does not hold (on the first commit: the start is refused), and a phase deferred to the
-//! workflow's completing commit.
+//! Statement phases on Postgres (a phase of steps sent with its commit as one statement) and on SQLite (one
+//! multi-statement call, `BEGIN IMMEDIATE` to `COMMIT`): the steps' writes, their rows and the workflow's
+//! progress commit together or not at all — under a lost lease, a racing duplicate start, a guard that does
+//! not hold (on the first commit: the start is refused), a phase deferred to the workflow's completing commit,
+//! and SQL that fails.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use onceflow_engine::{
-    Engine, EngineConfig, Failure, Interrupt, ManualClock, Outcome, PgStore, PhaseStep, SqlArg, StatementPhase, Store,
-    Workflow, WorkflowContext, state, step, step_status,
+    Engine, EngineConfig, Failure, Interrupt, ManualClock, Outcome, PgStore, PhaseStep, SQLITE_PHASE_FLAGS, SqlArg,
+    SqliteStore, StatementPhase, Workflow, WorkflowContext, state, step, step_status,
 };
-use onceflow_tests::{TestDb, pg_store};
+use onceflow_tests::TestDb;
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 
@@ -27,6 +28,8 @@ struct Plan {
     pause: bool,
     /// Skip the external step: the phase is the first commit.
     phase_first: bool,
+    /// The phase's SQL fails (a `NOT NULL` column left empty).
+    broken: bool,
 }
 
 /// `e1` (external, pausable), then a statement phase writing effect `p` under step `write` (output
@@ -36,23 +39,46 @@ struct Phased {
     resume: Arc<Notify>,
 }
 
-fn phase(ctx: &WorkflowContext<PgStore>, guard: bool) -> StatementPhase {
-    let ctes = vec!["e AS (INSERT INTO effects (workflow_id, what) VALUES ($1, 'p') RETURNING 1)".to_owned()];
-    let args = vec![SqlArg::Text(ctx.workflow_id().to_owned())];
-    let steps = vec![PhaseStep::new(step("write").compensate_with("undo", ()), "'\"written\"'")];
-    let condition = if guard { "EXISTS (SELECT 1 FROM e)" } else { "NOT EXISTS (SELECT 1 FROM e)" };
-    StatementPhase::new(ctes, args, steps).guard(condition, Failure::new("guarded", "the guard did not hold"))
+/// A store with statement phases, and the phase inserting effect `p` in its dialect.
+trait PhaseDb: TestDb {
+    /// The phase's SQL: the insert of `what` (`$1` the workflow id), and the test whether it wrote.
+    fn insert_effect(what: &str) -> (Vec<String>, String);
 }
 
-impl Workflow<PgStore> for Phased {
+impl PhaseDb for PgStore {
+    fn insert_effect(what: &str) -> (Vec<String>, String) {
+        let cte = format!("e AS (INSERT INTO effects (workflow_id, what) VALUES ($1, {what}) RETURNING 1)");
+        (vec![cte], "EXISTS (SELECT 1 FROM e)".to_owned())
+    }
+}
+
+impl PhaseDb for SqliteStore {
+    fn insert_effect(what: &str) -> (Vec<String>, String) {
+        let statements = vec![
+            format!("INSERT INTO effects (workflow_id, what) VALUES ($1, {what})"),
+            format!("INSERT INTO {SQLITE_PHASE_FLAGS} SELECT 'e' WHERE changes() > 0"),
+        ];
+        (statements, format!("EXISTS (SELECT 1 FROM {SQLITE_PHASE_FLAGS} WHERE flag = 'e')"))
+    }
+}
+
+fn phase<S: PhaseDb>(ctx: &WorkflowContext<S>, plan: &Plan) -> StatementPhase {
+    let (parts, wrote) = S::insert_effect(if plan.broken { "NULL" } else { "'p'" });
+    let args = vec![SqlArg::Text(ctx.workflow_id().to_owned())];
+    let steps = vec![PhaseStep::new(step("write").compensate_with("undo", ()), "'\"written\"'")];
+    let condition = if plan.guard { wrote } else { format!("NOT {wrote}") };
+    StatementPhase::new(parts, args, steps).guard(condition, Failure::new("guarded", "the guard did not hold"))
+}
+
+impl<S: PhaseDb> Workflow<S> for Phased {
     const NAME: &'static str = "phased";
     type Input = Plan;
     type Output = String;
 
-    async fn run(&self, ctx: &mut WorkflowContext<PgStore>, plan: Plan) -> Result<String, Interrupt> {
+    async fn run(&self, ctx: &mut WorkflowContext<S>, plan: Plan) -> Result<String, Interrupt> {
         let (paused, resume) = (self.paused.clone(), self.resume.clone());
         if plan.phase_first {
-            let outputs = ctx.statement_phase(phase(ctx, plan.guard)).await?;
+            let outputs = ctx.statement_phase(phase(ctx, &plan)).await?;
             return Ok(outputs[0].as_ref().and_then(|v| v.as_str()).unwrap_or_default().to_owned());
         }
         ctx.external(step("e1").compensate_with("undo_e1", ()), |_| {
@@ -66,7 +92,7 @@ impl Workflow<PgStore> for Phased {
             }
         })
         .await?;
-        let phase = phase(ctx, plan.guard);
+        let phase = phase(ctx, &plan);
         if plan.deferred {
             return ctx.finish_with(phase, "done".to_owned()).await;
         }
@@ -76,16 +102,16 @@ impl Workflow<PgStore> for Phased {
 
     async fn compensate(
         &self,
-        ctx: &mut WorkflowContext<PgStore>,
+        ctx: &mut WorkflowContext<S>,
         compensation: &onceflow_engine::Compensation,
         _failure: &Failure,
     ) -> Result<(), Interrupt> {
         let (id, what) = (ctx.workflow_id().to_owned(), format!("undo:{}", compensation.name));
-        ctx.transactional(compensation.name.as_str(), move |c| PgStore::effect(c, id, what)).await
+        ctx.transactional(compensation.name.as_str(), move |c| S::effect(c, id, what)).await
     }
 }
 
-fn engine(store: PgStore, clock: &ManualClock) -> (Engine<PgStore>, Arc<Notify>, Arc<Notify>) {
+fn engine<S: PhaseDb>(store: S, clock: &ManualClock) -> (Engine<S>, Arc<Notify>, Arc<Notify>) {
     let (paused, resume) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
     let engine = Engine::builder(store)
         .register(Phased { paused: paused.clone(), resume: resume.clone() })
@@ -100,12 +126,40 @@ fn clock() -> ManualClock {
 }
 
 fn plan(guard: bool, deferred: bool) -> Plan {
-    Plan { guard, deferred, pause: false, phase_first: false }
+    Plan { guard, deferred, pause: false, phase_first: false, broken: false }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_phase_commits_its_step_and_writes_once() {
-    let Some(store) = pg_store().await.unwrap() else { return };
+/// Generates `NAME::sqlite` and `NAME::postgres` (when `DATABASE_URL` is set) from `async fn NAME<S: PhaseDb>`.
+macro_rules! with_phases {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn sqlite() {
+                super::$name(onceflow_tests::sqlite_store().await.expect("sqlite store")).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn postgres() {
+                let Some(store) = onceflow_tests::pg_store().await.expect("postgres store") else {
+                    eprintln!("skipped: DATABASE_URL is not set");
+                    return;
+                };
+                super::$name(store).await;
+            }
+        }
+    )*};
+}
+
+with_phases!(
+    a_phase_commits_its_step_and_writes_once,
+    a_failed_guard_writes_nothing_and_fails_the_step,
+    a_first_phase_whose_guard_fails_refuses_the_start,
+    a_fenced_worker_writes_nothing_with_its_phase,
+    racing_starts_in_two_processes_write_once,
+    a_phase_whose_sql_fails_leaves_the_writer_usable,
+);
+
+async fn a_phase_commits_its_step_and_writes_once<S: PhaseDb>(store: S) {
     let (engine, _, _) = engine(store.clone(), &clock());
     let outcome = engine.start::<Phased>("ok", &plan(true, false)).await.unwrap().wait(WAIT).await.unwrap();
     assert_eq!(outcome, Some(Outcome::Completed(serde_json::json!("written"))));
@@ -117,9 +171,7 @@ async fn a_phase_commits_its_step_and_writes_once() {
     assert_eq!(comps.iter().map(|c| c.name.as_str()).collect::<Vec<_>>(), ["undo_e1", "undo"]);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_failed_guard_writes_nothing_and_fails_the_step() {
-    let Some(store) = pg_store().await.unwrap() else { return };
+async fn a_failed_guard_writes_nothing_and_fails_the_step<S: PhaseDb>(store: S) {
     let (engine, _, _) = engine(store.clone(), &clock());
     for (id, deferred) in [("guard", false), ("guard-deferred", true)] {
         let outcome = engine.start::<Phased>(id, &plan(false, deferred)).await.unwrap().wait(WAIT).await.unwrap();
@@ -135,9 +187,7 @@ async fn a_failed_guard_writes_nothing_and_fails_the_step() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_first_phase_whose_guard_fails_refuses_the_start() {
-    let Some(store) = pg_store().await.unwrap() else { return };
+async fn a_first_phase_whose_guard_fails_refuses_the_start<S: PhaseDb>(store: S) {
     let (engine, _, _) = engine(store.clone(), &clock());
     let refused = Plan { phase_first: true, ..plan(false, false) };
     match engine.start::<Phased>("refused", &refused).await {
@@ -154,15 +204,13 @@ async fn a_first_phase_whose_guard_fails_refuses_the_start() {
     assert_eq!(store.effects("refused").await.unwrap(), ["p"]);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_fenced_worker_writes_nothing_with_its_phase() {
-    let Some(store) = pg_store().await.unwrap() else { return };
+async fn a_fenced_worker_writes_nothing_with_its_phase<S: PhaseDb>(store: S) {
     let clock = clock();
     for (id, deferred) in [("fenced", false), ("fenced-deferred", true)] {
         let (old, paused, resume) = engine(store.another_pool().await.unwrap(), &clock);
         let starter = {
             let old = old.clone();
-            let plan = Plan { guard: true, deferred, pause: true, phase_first: false };
+            let plan = Plan { pause: true, ..plan(true, deferred) };
             tokio::spawn(async move { old.start::<Phased>(id, &plan).await.map(|_| ()) })
         };
         paused.notified().await;
@@ -180,9 +228,7 @@ async fn a_fenced_worker_writes_nothing_with_its_phase() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn racing_starts_in_two_processes_write_once() {
-    let Some(store) = pg_store().await.unwrap() else { return };
+async fn racing_starts_in_two_processes_write_once<S: PhaseDb>(store: S) {
     let clock = clock();
     for round in 0..10 {
         let id = format!("race-{round}");
@@ -194,5 +240,20 @@ async fn racing_starts_in_two_processes_write_once() {
             assert!(matches!(handle.wait(WAIT).await.unwrap(), Some(Outcome::Completed(_))), "{id}");
         }
         assert_eq!(store.effects(&id).await.unwrap(), ["p"], "{id}");
+    }
+}
+
+/// SQL that fails inside the phase (not a check) leaves no transaction open: on SQLite the one call began one on
+/// the single writer connection, and every later commit would fail if it were not rolled back.
+async fn a_phase_whose_sql_fails_leaves_the_writer_usable<S: PhaseDb>(store: S) {
+    let (engine, _, _) = engine(store.clone(), &clock());
+    let broken = Plan { phase_first: true, broken: true, ..plan(true, false) };
+    let first = tokio::time::timeout(WAIT, engine.start::<Phased>("broken", &broken)).await.expect("start answers");
+    assert!(first.is_err(), "a phase writing NULL into a NOT NULL column cannot commit");
+    assert!(store.effects("broken").await.unwrap().is_empty());
+    for id in ["after-1", "after-2"] {
+        let outcome = engine.start::<Phased>(id, &plan(true, false)).await.unwrap().wait(WAIT).await.unwrap();
+        assert_eq!(outcome, Some(Outcome::Completed(serde_json::json!("written"))), "{id}");
+        assert_eq!(store.effects(id).await.unwrap(), ["p"], "{id}");
     }
 }

@@ -17,7 +17,7 @@ mod sqlite;
 
 pub use mysql::{MIGRATOR as MYSQL_MIGRATOR, MySqlStore};
 pub use postgres::{MIGRATOR as POSTGRES_MIGRATOR, PgStore};
-pub use sqlite::{MIGRATOR as SQLITE_MIGRATOR, SqliteStore};
+pub use sqlite::{MIGRATOR as SQLITE_MIGRATOR, PHASE_FLAGS as SQLITE_PHASE_FLAGS, SqliteStore};
 
 /// A connection of the store's database, as handed to transactional steps.
 pub type Conn<S> = <<S as Store>::Db as sqlx::Database>::Connection;
@@ -313,9 +313,10 @@ pub trait Store: Clone + Send + Sync + 'static {
         }
     }
 
-    /// Commits `checkpoint` as one statement in a transaction of its own (no open transaction, no `BEGIN` or
-    /// `COMMIT` round trips), with the statement phase `phase` if given, and tells waiters in other processes
-    /// when `finished`. A lost lease, a duplicate start or a failed guard roll the whole statement back.
+    /// Commits `checkpoint` as one call in a transaction of its own (Postgres: one statement, no `BEGIN` or
+    /// `COMMIT` round trips; SQLite: one multi-statement call to the writer's thread), with the statement
+    /// phase `phase` if given, and tells waiters in other processes when `finished`. A lost lease, a duplicate
+    /// start or a failed guard roll the whole call back.
     /// `None` when this backend cannot (the caller then uses a transaction).
     fn commit_statement(
         &self,

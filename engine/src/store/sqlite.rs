@@ -1,4 +1,5 @@
 //! The SQLite store: the embedded default for one process (WAL, a busy timeout, `BEGIN IMMEDIATE` writes).
+//! A commit with no open transaction, and a statement phase with it, is one multi-statement call.
 
 use std::str::FromStr;
 use std::time::Duration;
@@ -11,6 +12,7 @@ use super::{
     WorkflowUpdate, shared, shared::shared_store_methods,
 };
 use crate::error::Result;
+use crate::phase::{PhaseCommit, SqlArg, StatementOutcome};
 
 /// The embedded SQLite migrations (engine and payment tables).
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/sqlite");
@@ -57,6 +59,31 @@ impl SqliteStore {
     }
 
     const SELECT_STATE_FOR_UPDATE: &str = "SELECT state FROM workflows WHERE workflow_id = $1";
+}
+
+/// Where a statement phase's SQL on SQLite records what its statements did (a temporary table of the writer's
+/// connection, empty when the phase starts): `INSERT INTO temp.onceflow_phase SELECT 'name' WHERE changes() = 1`
+/// after a statement, `EXISTS (SELECT 1 FROM temp.onceflow_phase WHERE flag = 'name')` in a later one.
+pub const PHASE_FLAGS: &str = "temp.onceflow_phase";
+
+/// The writer's connection while a statement commit runs. Dropped before [`Writing::done`] (the commit's future
+/// was cancelled mid-call), the connection is closed rather than returned to the pool, since it may be inside
+/// the transaction its call began: closing rolls that back.
+struct Writing(Option<sqlx::pool::PoolConnection<Sqlite>>);
+
+impl Writing {
+    /// The call finished and left no transaction open: the connection goes back to the pool.
+    fn done(mut self) {
+        drop(self.0.take());
+    }
+}
+
+impl Drop for Writing {
+    fn drop(&mut self) {
+        if let Some(conn) = self.0.as_mut() {
+            conn.close_on_drop();
+        }
+    }
 }
 
 impl Store for SqliteStore {
@@ -124,6 +151,118 @@ impl Store for SqliteStore {
             Some(notify) => Persisted::Done { notify },
             None => Persisted::LeaseLost,
         })
+    }
+
+    /// One multi-statement call to the writer's thread, `BEGIN IMMEDIATE` to `COMMIT`: the phase's statements,
+    /// the bookkeeping, the phase's step rows and the outputs, where a transaction of closure steps costs a
+    /// hand-off per statement and the writer waits through each. A check that fails (fence, insert, guard)
+    /// inserts its code into `onceflow_checks`, whose triggers roll the transaction back (migration 0004).
+    async fn commit_statement(
+        &self,
+        checkpoint: &Checkpoint<'_>,
+        phase: Option<PhaseCommit<'_>>,
+        _finished: bool,
+    ) -> Result<Option<StatementOutcome>> {
+        let args = phase.map_or(&[][..], |p| &p.phase.args[..]);
+        let (parts, mut next) = shared::checkpoint_statements(checkpoint, args.len() + 1);
+        let check =
+            |ok: &str, code: &str| format!("INSERT INTO onceflow_checks SELECT '{code}' WHERE NOT COALESCE({ok}, 0)");
+        let mut sql = vec!["BEGIN IMMEDIATE".to_owned()];
+        if let Some(p) = phase {
+            sql.push(format!("CREATE TEMP TABLE IF NOT EXISTS {PHASE_FLAGS} (flag TEXT PRIMARY KEY)"));
+            sql.push(format!("DELETE FROM {PHASE_FLAGS}"));
+            sql.extend(p.phase.ctes.iter().cloned());
+        }
+        let last = parts.len().saturating_sub(1);
+        for (i, part) in parts.into_iter().enumerate() {
+            sql.push(part);
+            // Each check right after its statement, which `changes()` counts.
+            if i == 0 && checkpoint.insert.is_some() {
+                sql.push(check("changes() = 1", "OF003"));
+            }
+            if i == last && checkpoint.fence.is_some() {
+                sql.push(check("changes() = 1", "OF002"));
+            }
+        }
+        let (workflow, now) = (next, next + 1);
+        next += 2;
+        let rows = phase.map_or(&[][..], |p| p.rows);
+        if !rows.is_empty() {
+            let mut values = Vec::new();
+            for r in rows {
+                let keep = r.when.map_or_else(|| "1".to_owned(), |w| format!("({w})"));
+                let p = |i: usize| next + i;
+                values.push(format!(
+                    "(${}, ${}, ${}, ${}, ${}, ({}), ${}, {keep})",
+                    p(0),
+                    p(1),
+                    p(2),
+                    p(3),
+                    p(4),
+                    r.output,
+                    p(5)
+                ));
+                next += 6;
+            }
+            sql.push(format!(
+                "INSERT INTO {} SELECT ${workflow}, column1, column2, column3, column4, column5, column6, NULL, \
+                 ${now}, CASE WHEN column7 THEN ${now} END FROM (VALUES {}) WHERE column8{}",
+                shared::STEP_COLUMNS,
+                values.join(", "),
+                shared::STEPS_ON_CONFLICT
+            ));
+        }
+        if let Some((guard, _)) = phase.and_then(|p| p.phase.guard.as_ref()) {
+            sql.push(check(&format!("({guard})"), "OF001"));
+        }
+        if !rows.is_empty() {
+            // An intent's output is empty text: written, with no output.
+            let outputs: Vec<String> = rows
+                .iter()
+                .map(|r| format!("CASE WHEN ({}) THEN COALESCE(({}), '') END", r.when.unwrap_or("1"), r.output))
+                .collect();
+            sql.push(format!("SELECT {}", outputs.join(", ")));
+        }
+        sql.push("COMMIT".to_owned());
+        let mut q = sqlx::query(sqlx::AssertSqlSafe(sql.join(";\n")));
+        for arg in args {
+            q = match arg {
+                SqlArg::Text(t) => q.bind(t),
+                SqlArg::Int(i) => q.bind(*i),
+            };
+        }
+        let mut q = shared::bind_checkpoint!(q, checkpoint);
+        let id = checkpoint.fence.map(|f| f.workflow_id).or(checkpoint.insert.map(|w| w.workflow_id.as_str()));
+        q = q.bind(id).bind(phase.map_or(0, |p| p.now));
+        for r in rows {
+            q = q.bind(&r.key).bind(r.name).bind(r.kind).bind(r.status).bind(r.attempts).bind(r.finished);
+        }
+        let mut conn = Writing(Some(self.writer.acquire().await?));
+        let Some(c) = conn.0.as_mut() else { unreachable!("set above") };
+        let result = q.fetch_all(&mut **c).await;
+        let outcome = match result {
+            Ok(found) => {
+                let outputs = match found.last() {
+                    Some(row) if !rows.is_empty() => (0..rows.len())
+                        .map(|i| row.try_get::<Option<String>, _>(i))
+                        .collect::<std::result::Result<_, _>>()?,
+                    _ => Vec::new(),
+                };
+                StatementOutcome::Done(outputs)
+            }
+            Err(sqlx::Error::Database(e)) if e.message() == "OF001" => StatementOutcome::GuardFailed,
+            Err(sqlx::Error::Database(e)) if e.message() == "OF002" => StatementOutcome::LeaseLost,
+            Err(sqlx::Error::Database(e)) if e.message() == "OF003" => StatementOutcome::Duplicate,
+            Err(e) => {
+                // The triggers roll back only the checks' failures; anything else may leave the transaction
+                // open (an error before `BEGIN` leaves none, and this `ROLLBACK` fails harmlessly).
+                let _ = sqlx::query("ROLLBACK").execute(&mut **c).await;
+                conn.done();
+                return Err(e.into());
+            }
+        };
+        conn.done();
+        Ok(Some(outcome))
     }
 
     async fn listen(&self) -> Result<Option<Listener>> {

@@ -11,6 +11,8 @@ use crate::model::{Order, PaymentRecord, TokenRecord, order_status, payment_stat
 mod mysql;
 pub(crate) mod phases;
 
+pub use phases::PhaseDialect;
+
 /// How reserving an order for payment went.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Reserve {
@@ -97,8 +99,7 @@ pub trait PaymentStore: Store {
 
     /// The commit after a successful charge: order `paying → paid`, the record `succeeded` with its charge id,
     /// the token `completed` with the 201 `body`. Nothing changes, and `false` comes back, if the order was
-    /// not `paying`. Three statements (SQLite sends them in one call; Postgres runs [`phases::confirm`]
-    /// instead).
+    /// not `paying`. Three statements (Postgres and SQLite run [`phases::confirm`] instead).
     #[allow(clippy::too_many_arguments)]
     fn confirm_payment<'c>(
         conn: &'c mut Conn<Self>,
@@ -131,11 +132,11 @@ pub trait PaymentStore: Store {
         })
     }
 
-    /// Whether the store runs the saga's two phases as the Postgres statement phases of [`phases`], each sent
-    /// with its commit as one statement, instead of the closure steps. Phase 1 then refuses a start whose token
-    /// it cannot claim or whose order does not exist, recording nothing, so the service starts a payment
-    /// before reading its token and reads it only when refused.
-    const STATEMENT_PHASES: bool = false;
+    /// The dialect in which the store runs the saga's two phases as the statement phases of [`phases`], each
+    /// sent with its commit as one call, instead of the closure steps (`None`: the closures). Phase 1 then
+    /// refuses a start whose token it cannot claim or whose order does not exist, recording nothing, so the
+    /// service starts a payment before reading its token and reads it only when refused.
+    const STATEMENT_PHASES: Option<PhaseDialect> = None;
 
     /// Inserts an order; `false` when the tenant has one with this `order_no`.
     fn insert_order(&self, order: &Order) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
@@ -404,41 +405,5 @@ macro_rules! impl_payment_store {
     };
 }
 
-impl_payment_store!(PgStore, const STATEMENT_PHASES: bool = true;);
-impl_payment_store!(
-    SqliteStore,
-    /// One multi-statement call (one hand-off to the writer's thread where there were three): each update runs
-    /// only if the one before changed its row (`changes()`), so the last one's count says whether all did.
-    fn confirm_payment<'c>(
-        conn: &'c mut Conn<Self>,
-        tenant: String,
-        order_no: String,
-        request_no: String,
-        charge_id: String,
-        token: String,
-        body: String,
-        now: i64,
-    ) -> Sql<'c, bool> {
-        Box::pin(async move {
-            let paid: bool = sqlx::query_scalar(
-                "UPDATE orders SET status = 'paid', version = version + 1, updated_at = $5 \
-                 WHERE tenant = $1 AND order_no = $2 AND status = 'paying'; \
-                 UPDATE payments SET status = 'succeeded', charge_id = $4, updated_at = $5 \
-                 WHERE tenant = $1 AND request_no = $3 AND changes() = 1; \
-                 UPDATE idempotency_tokens SET state = 'completed', response_status = 201, response_body = $7, \
-                 updated_at = $5 WHERE token = $6 AND changes() = 1; \
-                 SELECT changes() = 1",
-            )
-            .bind(tenant)
-            .bind(order_no)
-            .bind(request_no)
-            .bind(charge_id)
-            .bind(now)
-            .bind(token)
-            .bind(body)
-            .fetch_one(conn)
-            .await?;
-            Ok(paid)
-        })
-    }
-);
+impl_payment_store!(PgStore, const STATEMENT_PHASES: Option<PhaseDialect> = Some(PhaseDialect::Postgres););
+impl_payment_store!(SqliteStore, const STATEMENT_PHASES: Option<PhaseDialect> = Some(PhaseDialect::Sqlite););

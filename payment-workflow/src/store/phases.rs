@@ -1,37 +1,76 @@
-//! The saga's two atomic phases as Postgres statement phases: each is sent with its commit as one statement
-//! (data-modifying CTEs), so a payment's phase costs one round trip instead of a transaction of four to six.
-//! The outputs are the JSON the closure steps store (`true`, `"Reserved"`, the stored response), so a
-//! workflow's step rows read the same on every backend.
+//! The saga's two atomic phases as statement phases: each is sent with its commit as one call (Postgres: one
+//! statement of data-modifying CTEs; SQLite: one multi-statement call to the writer), so a payment's phase costs
+//! one round trip instead of a transaction of four to six. The outputs are the JSON the closure steps store
+//! (`true`, `"Reserved"`, the stored response), so a workflow's step rows read the same on every backend.
 
-use onceflow_engine::{Failure, PhaseStep, SqlArg, StatementPhase, StepSpec};
+use onceflow_engine::{Failure, PhaseStep, SQLITE_PHASE_FLAGS, SqlArg, StatementPhase, StepSpec};
 
 use crate::model::StoredResponse;
 use crate::saga::PaymentInput;
+
+/// The SQL dialect of a store's statement phases.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PhaseDialect {
+    /// One statement: each write a data-modifying CTE.
+    Postgres,
+    /// Statements in order inside the commit's transaction, each write followed by a flag of whether it wrote.
+    Sqlite,
+}
+
+impl PhaseDialect {
+    /// The phase's parts for the write `dml` (an `INSERT` or `UPDATE` of at most one row) named `name`, which
+    /// later parts test with [`PhaseDialect::wrote`].
+    fn write(self, name: &str, dml: &str) -> Vec<String> {
+        match self {
+            Self::Postgres => vec![format!("{name} AS ({dml} RETURNING 1)")],
+            Self::Sqlite => {
+                vec![dml.to_owned(), format!("INSERT INTO {SQLITE_PHASE_FLAGS} SELECT '{name}' WHERE changes() > 0")]
+            }
+        }
+    }
+
+    /// Whether the write `name` wrote its row (an SQL boolean).
+    fn wrote(self, name: &str) -> String {
+        match self {
+            Self::Postgres => format!("EXISTS (SELECT 1 FROM {name})"),
+            Self::Sqlite => format!("EXISTS (SELECT 1 FROM {SQLITE_PHASE_FLAGS} WHERE flag = '{name}')"),
+        }
+    }
+}
 
 /// `claim_token`, `insert_record` (only once the token is claimed), `reserve_status` (only once the record
 /// is inserted) and, once the order is reserved, the intent of the channel call `charge`. Unless the token is
 /// claimed and the order exists nothing is written and `claim_token` fails with `not_claimed`.
 pub(crate) fn reserve(
+    d: PhaseDialect,
     i: &PaymentInput,
     now: i64,
     [claim, insert, reserve, charge]: [StepSpec; 4],
     not_claimed: Failure,
 ) -> StatementPhase {
-    let ctes = vec![
-        "p_token AS (UPDATE idempotency_tokens SET state = 'in_use', fingerprint = $3, route = $4, updated_at = $5 \
-         WHERE token = $1 AND tenant = $2 AND state = 'issued' AND expires_at > $5 RETURNING 1)"
-            .to_owned(),
-        "p_record AS (INSERT INTO payments (tenant, request_no, order_no, amount, currency, status, token, \
-         charge_id, decline_code, created_at, updated_at) \
-         SELECT $2, $6, $7, $8, $9, 'processing', $1, NULL, NULL, $5, $5 WHERE EXISTS (SELECT 1 FROM p_token) \
-         ON CONFLICT (tenant, request_no) DO NOTHING RETURNING 1)"
-            .to_owned(),
-        "p_order AS (UPDATE orders SET status = 'paying', version = version + 1, updated_at = $5 \
-         WHERE tenant = $2 AND order_no = $7 AND status = 'pending' AND amount = $8 AND currency = $9 \
-         AND EXISTS (SELECT 1 FROM p_record) RETURNING 1)"
-            .to_owned(),
-        "p_found AS (SELECT amount, currency FROM orders WHERE tenant = $2 AND order_no = $7)".to_owned(),
-    ];
+    let (claimed, inserted, reserved) = (d.wrote("p_token"), d.wrote("p_record"), d.wrote("p_order"));
+    let mut parts = d.write(
+        "p_token",
+        "UPDATE idempotency_tokens SET state = 'in_use', fingerprint = $3, route = $4, updated_at = $5 \
+         WHERE token = $1 AND tenant = $2 AND state = 'issued' AND expires_at > $5",
+    );
+    parts.extend(d.write(
+        "p_record",
+        &format!(
+            "INSERT INTO payments (tenant, request_no, order_no, amount, currency, status, token, charge_id, \
+             decline_code, created_at, updated_at) \
+             SELECT $2, $6, $7, $8, $9, 'processing', $1, NULL, NULL, $5, $5 WHERE {claimed} \
+             ON CONFLICT (tenant, request_no) DO NOTHING"
+        ),
+    ));
+    parts.extend(d.write(
+        "p_order",
+        &format!(
+            "UPDATE orders SET status = 'paying', version = version + 1, updated_at = $5 \
+             WHERE tenant = $2 AND order_no = $7 AND status = 'pending' AND amount = $8 AND currency = $9 \
+             AND {inserted}"
+        ),
+    ));
     let args = vec![
         SqlArg::Text(i.token.clone()),
         SqlArg::Text(i.tenant.clone()),
@@ -43,29 +82,32 @@ pub(crate) fn reserve(
         SqlArg::Int(i.amount),
         SqlArg::Text(i.currency.clone()),
     ];
-    let claimed = "EXISTS (SELECT 1 FROM p_token)";
-    let inserted = "EXISTS (SELECT 1 FROM p_record)";
+    // Amount and currency are never updated, so reading the order here (before the phase's writes on Postgres,
+    // after them on SQLite) finds the same.
+    let found = "EXISTS (SELECT 1 FROM orders WHERE tenant = $2 AND order_no = $7)";
     // As `Reserve` serializes; the same reading of the order as `Reserve::refused`.
-    let reserved = "CASE WHEN EXISTS (SELECT 1 FROM p_order) THEN '\"Reserved\"' \
-         WHEN NOT EXISTS (SELECT 1 FROM p_found) THEN '\"NotFound\"' \
-         WHEN EXISTS (SELECT 1 FROM p_found WHERE amount <> $8 OR currency <> $9) THEN '\"Mismatch\"' \
-         ELSE '\"NotPayable\"' END";
+    let reservation = format!(
+        "CASE WHEN {reserved} THEN '\"Reserved\"' WHEN NOT {found} THEN '\"NotFound\"' \
+         WHEN EXISTS (SELECT 1 FROM orders WHERE tenant = $2 AND order_no = $7 AND (amount <> $8 OR currency <> $9)) \
+         THEN '\"Mismatch\"' ELSE '\"NotPayable\"' END"
+    );
     let steps = vec![
         PhaseStep::new(claim, format!("CASE WHEN {claimed} THEN 'true' ELSE 'false' END")),
         PhaseStep::new(insert, format!("CASE WHEN {inserted} THEN 'true' ELSE 'false' END")),
-        PhaseStep::new(reserve, reserved).when(inserted),
-        PhaseStep::intent(charge).when("EXISTS (SELECT 1 FROM p_order)"),
+        PhaseStep::new(reserve, reservation).when(inserted),
+        PhaseStep::intent(charge).when(reserved),
     ];
     // An unknown order is not stored either: the token stays unbound (a start that is the workflow's first
     // commit is refused).
-    let guard = format!("{claimed} AND EXISTS (SELECT 1 FROM p_found)");
-    StatementPhase::new(ctes, args, steps).guard(guard, not_claimed)
+    let guard = format!("{claimed} AND {found}");
+    StatementPhase::new(parts, args, steps).guard(guard, not_claimed)
 }
 
 /// `confirm`: order `paying → paid`, the record `succeeded` with `charge_id`, the token `completed` with the
 /// 201 `response`, which is also the step's output. Unless the order was `paying` nothing is written and the
 /// step fails with `not_paying`.
 pub(crate) fn confirm(
+    d: PhaseDialect,
     i: &PaymentInput,
     now: i64,
     spec: StepSpec,
@@ -73,17 +115,26 @@ pub(crate) fn confirm(
     response: &StoredResponse,
     not_paying: Failure,
 ) -> StatementPhase {
-    let ctes = vec![
-        "p_order AS (UPDATE orders SET status = 'paid', version = version + 1, updated_at = $5 \
-         WHERE tenant = $1 AND order_no = $2 AND status = 'paying' RETURNING 1)"
-            .to_owned(),
-        "p_record AS (UPDATE payments SET status = 'succeeded', charge_id = $4, updated_at = $5 \
-         WHERE tenant = $1 AND request_no = $3 AND EXISTS (SELECT 1 FROM p_order) RETURNING 1)"
-            .to_owned(),
-        "p_token AS (UPDATE idempotency_tokens SET state = 'completed', response_status = $8, \
-         response_body = $7, updated_at = $5 WHERE token = $6 AND EXISTS (SELECT 1 FROM p_order) RETURNING 1)"
-            .to_owned(),
-    ];
+    let paying = d.wrote("p_order");
+    let mut parts = d.write(
+        "p_order",
+        "UPDATE orders SET status = 'paid', version = version + 1, updated_at = $5 \
+         WHERE tenant = $1 AND order_no = $2 AND status = 'paying'",
+    );
+    parts.extend(d.write(
+        "p_record",
+        &format!(
+            "UPDATE payments SET status = 'succeeded', charge_id = $4, updated_at = $5 \
+             WHERE tenant = $1 AND request_no = $3 AND {paying}"
+        ),
+    ));
+    parts.extend(d.write(
+        "p_token",
+        &format!(
+            "UPDATE idempotency_tokens SET state = 'completed', response_status = $8, response_body = $7, \
+             updated_at = $5 WHERE token = $6 AND {paying}"
+        ),
+    ));
     let args = vec![
         SqlArg::Text(i.tenant.clone()),
         SqlArg::Text(i.order_no.clone()),
@@ -95,6 +146,6 @@ pub(crate) fn confirm(
         SqlArg::Int(i64::from(response.status)),
         SqlArg::Text(serde_json::to_string(response).unwrap_or_default()),
     ];
-    let paid = "EXISTS (SELECT 1 FROM p_order) AND EXISTS (SELECT 1 FROM p_record) AND EXISTS (SELECT 1 FROM p_token)";
-    StatementPhase::new(ctes, args, vec![PhaseStep::new(spec, "$9")]).guard(paid, not_paying)
+    let paid = format!("{paying} AND {} AND {}", d.wrote("p_record"), d.wrote("p_token"));
+    StatementPhase::new(parts, args, vec![PhaseStep::new(spec, "$9")]).guard(paid, not_paying)
 }

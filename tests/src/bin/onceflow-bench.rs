@@ -6,7 +6,7 @@
 //! ```
 //!
 //! Scenarios: `seed_pay` and `floor_pay` with pgbench; the payment service as a library on Postgres (in-process
-//! mock channel, zero latency); `onceflow serve` over HTTP on Postgres and on embedded SQLite (with its peak
+//! mock channel, zero latency) on Postgres and on SQLite; `onceflow serve` over HTTP on Postgres and on embedded SQLite (with its peak
 //! RSS); 1,000 concurrent requests with one token. With `MYSQL_URL=mysql://…` set (a user who may
 //! `CREATE DATABASE`), the library and HTTP scenarios also run on MySQL / MariaDB.
 
@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use onceflow_engine::{EngineConfig, MySqlStore, PgStore, Store};
+use onceflow_engine::{EngineConfig, MySqlStore, PgStore, SqliteStore, Store};
 use onceflow_payments::{MockChannel, PayRequest, PaymentStore, Payments};
 use onceflow_tests::baseline::{fresh_db, pgbench};
 
@@ -358,6 +358,13 @@ fn print(runs: &[Run], seed: f64, floor: f64) {
     }
 }
 
+/// Removes an SQLite database and its WAL files.
+fn remove_sqlite(path: &std::path::Path) {
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+    }
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let o = options()?;
@@ -388,6 +395,16 @@ async fn main() -> anyhow::Result<()> {
         stormed = Some(storm(&pg, &o).await?);
     }
 
+    if o.wants("library/sqlite") {
+        let path = std::env::temp_dir().join(format!("onceflow-bench-lib-{}.db", std::process::id()));
+        let url = format!("sqlite://{}", path.display());
+        let store = SqliteStore::connect(&url).await?;
+        store.migrate().await?;
+        seed_sqlite(&url, o.count).await?;
+        runs.push(library("library/sqlite", store, &o).await?);
+        remove_sqlite(&path);
+    }
+
     if o.wants("http/sqlite") {
         let path = std::env::temp_dir().join(format!("onceflow-bench-{}.db", std::process::id()));
         let sqlite_url = format!("sqlite://{}", path.display());
@@ -395,9 +412,7 @@ async fn main() -> anyhow::Result<()> {
         seed_sqlite(&sqlite_url, o.count).await?;
         runs.push(http("http/sqlite", &sqlite, &o).await?);
         drop(sqlite);
-        for suffix in ["", "-wal", "-shm"] {
-            let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
-        }
+        remove_sqlite(&path);
     }
 
     match std::env::var("MYSQL_URL") {
