@@ -125,8 +125,8 @@ impl Store for PgStore {
         phase: Option<PhaseCommit<'_>>,
         finished: bool,
     ) -> Result<Option<StatementOutcome>> {
-        let args = phase.map_or(&[][..], |p| &p.phase.args[..]);
-        let (parts, mut next) = shared::checkpoint_statements(checkpoint, args.len() + 1);
+        let args = phase.map_or(0, |p| p.phase.args.len());
+        let (parts, mut next) = shared::checkpoint_statements(checkpoint, args + 1);
         let mut ctes: Vec<String> = phase.map(|p| p.phase.ctes.clone()).unwrap_or_default();
         ctes.extend(parts.iter().enumerate().map(|(i, part)| format!("w{i} AS ({part})")));
         // The bookkeeping's own check: the fence (the last part) matched, or else the insert (the first) happened.
@@ -139,28 +139,13 @@ impl Store for PgStore {
         next += 2;
         let rows = phase.map_or(&[][..], |p| p.rows);
         if !rows.is_empty() {
-            let mut values = Vec::new();
-            for r in rows {
-                let keep = r.when.map_or_else(|| "TRUE".to_owned(), |w| format!("({w})"));
-                let p = |i: usize| next + i;
-                values.push(format!(
-                    "(${}::text, ${}::text, ${}::text, ${}::text, ${}::int, ({})::text, ${}::boolean, {keep})",
-                    p(0),
-                    p(1),
-                    p(2),
-                    p(3),
-                    p(4),
-                    r.output,
-                    p(5)
-                ));
-                next += 6;
-            }
+            let values = shared::phase_step_values(rows, &mut next, true);
             ctes.push(format!(
                 "ws AS (INSERT INTO {} SELECT ${workflow}::text, v.k, v.n, v.kind, v.status, v.a, v.o, NULL, \
                  ${now}::bigint, CASE WHEN v.fin THEN ${now}::bigint END \
                  FROM (VALUES {}) v (k, n, kind, status, a, o, fin, keep) WHERE v.keep{})",
                 shared::STEP_COLUMNS,
-                values.join(", "),
+                values,
                 shared::STEPS_ON_CONFLICT
             ));
         }
@@ -181,24 +166,12 @@ impl Store for PgStore {
         if notify {
             sql.push_str(", (SELECT count(*) FROM n)");
         }
-        for r in rows {
+        for output in shared::phase_outputs(rows, true) {
             // An intent's output is empty text: written, with no output.
-            let when = r.when.unwrap_or("TRUE");
-            sql.push_str(&format!(", CASE WHEN ({when}) THEN COALESCE(({})::text, '') END", r.output));
+            sql.push_str(", ");
+            sql.push_str(&output);
         }
-        let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
-        for arg in args {
-            q = match arg {
-                SqlArg::Text(t) => q.bind(t),
-                SqlArg::Int(i) => q.bind(*i),
-            };
-        }
-        let mut q = shared::bind_checkpoint!(q, checkpoint);
-        let id = checkpoint.fence.map(|f| f.workflow_id).or(checkpoint.insert.map(|w| w.workflow_id.as_str()));
-        q = q.bind(id).bind(phase.map_or(0, |p| p.now));
-        for r in rows {
-            q = q.bind(&r.key).bind(r.name).bind(r.kind).bind(r.status).bind(r.attempts).bind(r.finished);
-        }
+        let mut q = shared::bind_statement!(sqlx::query(sqlx::AssertSqlSafe(sql)), checkpoint, phase);
         if notify {
             q = q.bind(NOTIFY_CHANNEL);
         }

@@ -90,6 +90,41 @@ pub(crate) fn checkpoint_statements(c: &super::Checkpoint<'_>, first: usize) -> 
     (parts, next)
 }
 
+/// The `VALUES` rows of a statement phase's step rows, parameters from `next` (advanced past them): per row the
+/// key, name, kind, status, attempts, `(output)`, finished and `(keep)`, the columns Postgres names in
+/// `v (k, n, kind, status, a, o, fin, keep)` and SQLite `column1…column8`; `pg` adds Postgres's casts.
+pub(crate) fn phase_step_values(rows: &[crate::phase::PhaseRow<'_>], next: &mut usize, pg: bool) -> String {
+    let cast = |t: &'static str| if pg { t } else { "" };
+    let mut values = Vec::new();
+    for r in rows {
+        let p = |i: usize| *next + i;
+        values.push(format!(
+            "(${}{t}, ${}{t}, ${}{t}, ${}{t}, ${}{i}, ({}){t}, ${}{b}, {})",
+            p(0),
+            p(1),
+            p(2),
+            p(3),
+            p(4),
+            r.output,
+            p(5),
+            r.when.map_or_else(|| "TRUE".to_owned(), |w| format!("({w})")),
+            t = cast("::text"),
+            i = cast("::int"),
+            b = cast("::boolean"),
+        ));
+        *next += 6;
+    }
+    values.join(", ")
+}
+
+/// A statement phase's outputs: per step row, its output as text (empty for none) where its condition held.
+pub(crate) fn phase_outputs(rows: &[crate::phase::PhaseRow<'_>], pg: bool) -> Vec<String> {
+    let text = if pg { "::text" } else { "" };
+    rows.iter()
+        .map(|r| format!("CASE WHEN ({}) THEN COALESCE(({}){text}, '') END", r.when.unwrap_or("TRUE"), r.output))
+        .collect()
+}
+
 /// What an operator action does to a workflow: its new state, whether its error is cleared, and the cleanup
 /// statements to run first (one parameter, the workflow id, written `$1`).
 pub(crate) fn reopen_plan(how: super::Reopen) -> (&'static str, bool, &'static [&'static str]) {
@@ -231,6 +266,28 @@ macro_rules! bind_checkpoint {
     }};
 }
 
+/// Binds a single-statement commit: the phase's arguments, the checkpoint, the workflow id and the phase's
+/// `now`, then each step row's key, name, kind, status, attempts and finished (see [`phase_step_values`]).
+macro_rules! bind_statement {
+    ($q:expr, $checkpoint:expr, $phase:expr) => {{
+        let (checkpoint, phase) = ($checkpoint, $phase);
+        let mut q = $q;
+        for arg in phase.map_or(&[][..], |p| &p.phase.args[..]) {
+            q = match arg {
+                SqlArg::Text(t) => q.bind(t),
+                SqlArg::Int(i) => q.bind(*i),
+            };
+        }
+        let mut q = shared::bind_checkpoint!(q, checkpoint);
+        let id = checkpoint.fence.map(|f| f.workflow_id).or(checkpoint.insert.map(|w| w.workflow_id.as_str()));
+        q = q.bind(id).bind(phase.map_or(0, |p| p.now));
+        for r in phase.map_or(&[][..], |p| p.rows) {
+            q = q.bind(&r.key).bind(r.name).bind(r.kind).bind(r.status).bind(r.attempts).bind(r.finished);
+        }
+        q
+    }};
+}
+
 /// The `Store` methods whose SQL and binding are the same on every backend. Expanded inside each backend's
 /// `impl Store`, where `Self::Db` is concrete.
 macro_rules! shared_store_methods {
@@ -361,7 +418,9 @@ macro_rules! shared_store_methods {
     };
 }
 
-pub(crate) use {bind_checkpoint, bind_compensations, bind_fence, bind_steps, bind_workflow, shared_store_methods};
+pub(crate) use {
+    bind_checkpoint, bind_compensations, bind_fence, bind_statement, bind_steps, bind_workflow, shared_store_methods,
+};
 
 #[cfg(test)]
 mod tests {

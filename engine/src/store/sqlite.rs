@@ -163,8 +163,8 @@ impl Store for SqliteStore {
         phase: Option<PhaseCommit<'_>>,
         _finished: bool,
     ) -> Result<Option<StatementOutcome>> {
-        let args = phase.map_or(&[][..], |p| &p.phase.args[..]);
-        let (parts, mut next) = shared::checkpoint_statements(checkpoint, args.len() + 1);
+        let args = phase.map_or(0, |p| p.phase.args.len());
+        let (parts, mut next) = shared::checkpoint_statements(checkpoint, args + 1);
         let check =
             |ok: &str, code: &str| format!("INSERT INTO onceflow_checks SELECT '{code}' WHERE NOT COALESCE({ok}, 0)");
         let mut sql = vec!["BEGIN IMMEDIATE".to_owned()];
@@ -188,27 +188,11 @@ impl Store for SqliteStore {
         next += 2;
         let rows = phase.map_or(&[][..], |p| p.rows);
         if !rows.is_empty() {
-            let mut values = Vec::new();
-            for r in rows {
-                let keep = r.when.map_or_else(|| "1".to_owned(), |w| format!("({w})"));
-                let p = |i: usize| next + i;
-                values.push(format!(
-                    "(${}, ${}, ${}, ${}, ${}, ({}), ${}, {keep})",
-                    p(0),
-                    p(1),
-                    p(2),
-                    p(3),
-                    p(4),
-                    r.output,
-                    p(5)
-                ));
-                next += 6;
-            }
             sql.push(format!(
                 "INSERT INTO {} SELECT ${workflow}, column1, column2, column3, column4, column5, column6, NULL, \
                  ${now}, CASE WHEN column7 THEN ${now} END FROM (VALUES {}) WHERE column8{}",
                 shared::STEP_COLUMNS,
-                values.join(", "),
+                shared::phase_step_values(rows, &mut next, false),
                 shared::STEPS_ON_CONFLICT
             ));
         }
@@ -217,26 +201,10 @@ impl Store for SqliteStore {
         }
         if !rows.is_empty() {
             // An intent's output is empty text: written, with no output.
-            let outputs: Vec<String> = rows
-                .iter()
-                .map(|r| format!("CASE WHEN ({}) THEN COALESCE(({}), '') END", r.when.unwrap_or("1"), r.output))
-                .collect();
-            sql.push(format!("SELECT {}", outputs.join(", ")));
+            sql.push(format!("SELECT {}", shared::phase_outputs(rows, false).join(", ")));
         }
         sql.push("COMMIT".to_owned());
-        let mut q = sqlx::query(sqlx::AssertSqlSafe(sql.join(";\n")));
-        for arg in args {
-            q = match arg {
-                SqlArg::Text(t) => q.bind(t),
-                SqlArg::Int(i) => q.bind(*i),
-            };
-        }
-        let mut q = shared::bind_checkpoint!(q, checkpoint);
-        let id = checkpoint.fence.map(|f| f.workflow_id).or(checkpoint.insert.map(|w| w.workflow_id.as_str()));
-        q = q.bind(id).bind(phase.map_or(0, |p| p.now));
-        for r in rows {
-            q = q.bind(&r.key).bind(r.name).bind(r.kind).bind(r.status).bind(r.attempts).bind(r.finished);
-        }
+        let q = shared::bind_statement!(sqlx::query(sqlx::AssertSqlSafe(sql.join(";\n"))), checkpoint, phase);
         let mut conn = Writing(Some(self.writer.acquire().await?));
         let Some(c) = conn.0.as_mut() else { unreachable!("set above") };
         let result = q.fetch_all(&mut **c).await;
