@@ -10,11 +10,13 @@ use serde::Serialize;
 use crate::error::Result;
 use crate::phase::{PhaseCommit, StatementOutcome};
 
+mod held;
 mod mysql;
 mod postgres;
 mod shared;
 mod sqlite;
 
+pub use held::Writer;
 pub use mysql::{MIGRATOR as MYSQL_MIGRATOR, MySqlStore};
 pub use postgres::{MIGRATOR as POSTGRES_MIGRATOR, PgStore};
 pub use sqlite::{MIGRATOR as SQLITE_MIGRATOR, PHASE_FLAGS as SQLITE_PHASE_FLAGS, SqliteStore};
@@ -256,6 +258,13 @@ pub trait Store: Clone + Send + Sync + 'static {
     /// instead of sleeping in SQLite's busy handler). The same as [`Store::pool`] elsewhere.
     fn write_pool(&self) -> &sqlx::Pool<Self::Db> {
         self.pool()
+    }
+
+    /// A connection for one write outside a step (SQLite: the writer's, which the store holds; Postgres: one
+    /// of those it holds for one-statement commits; elsewhere: from the pool). Held connections skip the ping
+    /// an sqlx pool makes on every connection returned to it.
+    fn writer(&self) -> impl Future<Output = Result<Writer<'_, Self::Db>>> + Send {
+        async { Ok(Writer::pooled(self.write_pool().acquire().await?)) }
     }
 
     /// Applies the embedded migrations.

@@ -1,14 +1,16 @@
 //! The Postgres store: for production and for many processes against one database.
 
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
 use sqlx::{Postgres, Row};
 
+use super::held::Held;
 use super::{
     Checkpoint, CompensationRecord, Conn, Listener, ListenerInner, Persisted, Reopen, StepRecord, Store, Tx,
-    WorkflowRecord, WorkflowUpdate, shared, shared::shared_store_methods,
+    WorkflowRecord, WorkflowUpdate, Writer, shared, shared::shared_store_methods,
 };
 use crate::error::Result;
 use crate::phase::{PhaseCommit, SqlArg, StatementOutcome};
@@ -22,6 +24,9 @@ const NOTIFY_CHANNEL: &str = "onceflow_workflow_done";
 #[derive(Debug, Clone)]
 pub struct PgStore {
     pool: sqlx::PgPool,
+    /// Most of the pool's connections, kept for one-statement commits and writes (see [`Held`]); none when
+    /// the pool is too small to spare them.
+    held: Option<Arc<Held<Postgres>>>,
 }
 
 impl PgStore {
@@ -38,12 +43,15 @@ impl PgStore {
             .acquire_timeout(Duration::from_secs(2))
             .connect_with(options)
             .await?;
-        Ok(Self { pool })
+        Ok(Self::from_pool(pool))
     }
 
     /// A store over an existing pool.
     pub fn from_pool(pool: sqlx::PgPool) -> Self {
-        Self { pool }
+        // A quarter of the connections, at least two, stay in the pool for reads and transactions.
+        let max = pool.options().get_max_connections() as usize;
+        let held = max.saturating_sub((max / 4).max(2));
+        Self { held: (held > 0).then(|| Arc::new(Held::new(pool.clone(), held))), pool }
     }
 
     const SELECT_STATE_FOR_UPDATE: &str = "SELECT state FROM workflows WHERE workflow_id = $1 FOR UPDATE";
@@ -65,6 +73,15 @@ impl Store for PgStore {
 
     async fn begin(&self) -> Result<Tx<Self>> {
         Ok(self.pool.begin().await?)
+    }
+
+    /// A held connection (a statement left unfinished is drained before the next: sqlx waits for the
+    /// server's `ReadyForQuery`), or one from the pool.
+    async fn writer(&self) -> Result<Writer<'_, Postgres>> {
+        match &self.held {
+            Some(held) => held.get().await,
+            None => Ok(Writer::pooled(self.pool.acquire().await?)),
+        }
     }
 
     async fn notify_finished(&self, conn: &mut Conn<Self>, workflow_id: &str) -> Result<()> {
@@ -175,7 +192,9 @@ impl Store for PgStore {
         if notify {
             q = q.bind(NOTIFY_CHANNEL);
         }
-        let row = match q.fetch_one(&self.pool).await {
+        let mut conn = self.writer().await?;
+        let row = q.fetch_one(&mut *conn).await;
+        let row = match conn.check(row) {
             Ok(row) => row,
             Err(sqlx::Error::Database(e)) => {
                 return match e.code().as_deref() {

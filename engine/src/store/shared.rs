@@ -346,33 +346,28 @@ macro_rules! shared_store_methods {
         }
 
         async fn heartbeat(&self, owner: &str, lease_until: i64, now: i64) -> Result<u64> {
-            let done = sqlx::query(shared::HEARTBEAT)
-                .bind(owner)
-                .bind(lease_until)
-                .bind(now)
-                .execute(self.write_pool())
-                .await?;
-            Ok(done.rows_affected())
+            let mut w = self.writer().await?;
+            let done = sqlx::query(shared::HEARTBEAT).bind(owner).bind(lease_until).bind(now).execute(&mut *w).await;
+            Ok(w.check(done)?.rows_affected())
         }
 
         async fn release(&self, workflow_id: &str, epoch: i64, next_attempt_at: i64, now: i64) -> Result<bool> {
-            let done = sqlx::query(shared::RELEASE)
-                .bind(workflow_id)
-                .bind(epoch)
-                .bind(next_attempt_at)
-                .bind(now)
-                .execute(self.write_pool())
-                .await?;
-            Ok(done.rows_affected() == 1)
+            let mut w = self.writer().await?;
+            let q = sqlx::query(shared::RELEASE).bind(workflow_id).bind(epoch).bind(next_attempt_at).bind(now);
+            let done = q.execute(&mut *w).await;
+            Ok(w.check(done)?.rows_affected() == 1)
         }
 
         async fn release_all(&self, owner: &str, now: i64) -> Result<u64> {
-            let done = sqlx::query(shared::RELEASE_ALL).bind(owner).bind(now).execute(self.write_pool()).await?;
-            Ok(done.rows_affected())
+            let mut w = self.writer().await?;
+            let done = sqlx::query(shared::RELEASE_ALL).bind(owner).bind(now).execute(&mut *w).await;
+            Ok(w.check(done)?.rows_affected())
         }
 
         async fn request_notify(&self, workflow_id: &str) -> Result<Option<WorkflowRecord>> {
-            Ok(sqlx::query_as(shared::REQUEST_NOTIFY).bind(workflow_id).fetch_optional(self.write_pool()).await?)
+            let mut w = self.writer().await?;
+            let found = sqlx::query_as(shared::REQUEST_NOTIFY).bind(workflow_id).fetch_optional(&mut *w).await;
+            Ok(w.check(found)?)
         }
 
         async fn list(&self, state: Option<&str>, before: Option<i64>, limit: i64) -> Result<Vec<WorkflowRecord>> {

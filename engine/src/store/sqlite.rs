@@ -2,14 +2,16 @@
 //! A commit with no open transaction, and a statement phase with it, is one multi-statement call.
 
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{Row, Sqlite};
 
+use super::held::Held;
 use super::{
     Checkpoint, CompensationRecord, Conn, Listener, Persisted, Reopen, StepRecord, Store, Tx, WorkflowRecord,
-    WorkflowUpdate, shared, shared::shared_store_methods,
+    WorkflowUpdate, Writer, shared, shared::shared_store_methods,
 };
 use crate::error::Result;
 use crate::phase::{PhaseCommit, SqlArg, StatementOutcome};
@@ -19,13 +21,17 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/sql
 
 /// A [`Store`] on SQLite.
 ///
-/// SQLite lets one transaction write at a time. Every write goes through `writer`, a pool of one connection,
-/// so writers wait their turn in an async queue rather than in SQLite's busy handler (which sleeps in steps of
-/// up to 100 ms); reads use `pool` and, in WAL mode, never wait for the writer.
+/// SQLite lets one transaction write at a time. Writes queue in process rather than in SQLite's busy handler
+/// (which sleeps in steps of up to 100 ms): one-call commits and single writes on `held`, the writer
+/// connection the store keeps (see [`Held`]: no ping to the worker thread between two commits), transactions
+/// of closure steps on `writer`'s other connection; the two meet in the busy handler only when a transaction
+/// of closure steps (compensations, recovery, operator actions) overlaps. Reads use `pool` and, in WAL mode,
+/// never wait for a writer.
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
     pool: sqlx::SqlitePool,
     writer: sqlx::SqlitePool,
+    held: Arc<Held<Sqlite>>,
 }
 
 impl SqliteStore {
@@ -39,7 +45,7 @@ impl SqliteStore {
             .busy_timeout(Duration::from_secs(30))
             .foreign_keys(true);
         let writer = SqlitePoolOptions::new()
-            .max_connections(1)
+            .max_connections(2)
             .test_before_acquire(false)
             .acquire_timeout(Duration::from_secs(30))
             .connect_with(options.clone())
@@ -50,12 +56,12 @@ impl SqliteStore {
             .acquire_timeout(Duration::from_secs(30))
             .connect_with(options)
             .await?;
-        Ok(Self { pool, writer })
+        Ok(Self { held: Arc::new(Held::new(writer.clone(), 1)), pool, writer })
     }
 
     /// A store over an existing pool (opened with WAL and a busy timeout), which then also writes.
     pub fn from_pool(pool: sqlx::SqlitePool) -> Self {
-        Self { writer: pool.clone(), pool }
+        Self { held: Arc::new(Held::new(pool.clone(), 1)), writer: pool.clone(), pool }
     }
 
     const SELECT_STATE_FOR_UPDATE: &str = "SELECT state FROM workflows WHERE workflow_id = $1";
@@ -65,26 +71,6 @@ impl SqliteStore {
 /// connection, empty when the phase starts): `INSERT INTO temp.onceflow_phase SELECT 'name' WHERE changes() = 1`
 /// after a statement, `EXISTS (SELECT 1 FROM temp.onceflow_phase WHERE flag = 'name')` in a later one.
 pub const PHASE_FLAGS: &str = "temp.onceflow_phase";
-
-/// The writer's connection while a statement commit runs. Dropped before [`Writing::done`] (the commit's future
-/// was cancelled mid-call), the connection is closed rather than returned to the pool, since it may be inside
-/// the transaction its call began: closing rolls that back.
-struct Writing(Option<sqlx::pool::PoolConnection<Sqlite>>);
-
-impl Writing {
-    /// The call finished and left no transaction open: the connection goes back to the pool.
-    fn done(mut self) {
-        drop(self.0.take());
-    }
-}
-
-impl Drop for Writing {
-    fn drop(&mut self) {
-        if let Some(conn) = self.0.as_mut() {
-            conn.close_on_drop();
-        }
-    }
-}
 
 impl Store for SqliteStore {
     type Db = Sqlite;
@@ -106,6 +92,10 @@ impl Store for SqliteStore {
 
     async fn begin(&self) -> Result<Tx<Self>> {
         Ok(self.writer.begin_with("BEGIN IMMEDIATE").await?)
+    }
+
+    async fn writer(&self) -> Result<Writer<'_, Sqlite>> {
+        self.held.get().await
     }
 
     async fn notify_finished(&self, _conn: &mut Conn<Self>, _workflow_id: &str) -> Result<()> {
@@ -205,9 +195,10 @@ impl Store for SqliteStore {
         }
         sql.push("COMMIT".to_owned());
         let q = shared::bind_statement!(sqlx::query(sqlx::AssertSqlSafe(sql.join(";\n"))), checkpoint, phase);
-        let mut conn = Writing(Some(self.writer.acquire().await?));
-        let Some(c) = conn.0.as_mut() else { unreachable!("set above") };
-        let result = q.fetch_all(&mut **c).await;
+        let mut conn = self.writer().await?;
+        conn.set_open(true);
+        let result = q.fetch_all(&mut *conn).await;
+        let result = conn.check(result);
         let outcome = match result {
             Ok(found) => {
                 let outputs = match found.last() {
@@ -224,12 +215,12 @@ impl Store for SqliteStore {
             Err(e) => {
                 // The triggers roll back only the checks' failures; anything else may leave the transaction
                 // open (an error before `BEGIN` leaves none, and this `ROLLBACK` fails harmlessly).
-                let _ = sqlx::query("ROLLBACK").execute(&mut **c).await;
-                conn.done();
+                let _ = sqlx::query("ROLLBACK").execute(&mut *conn).await;
+                conn.set_open(false);
                 return Err(e.into());
             }
         };
-        conn.done();
+        conn.set_open(false);
         Ok(Some(outcome))
     }
 

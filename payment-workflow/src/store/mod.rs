@@ -46,6 +46,14 @@ struct TokenCheck {
 
 type Sql<'c, T> = BoxFuture<'c, Result<T, StepError>>;
 
+/// The database error inside an engine error (getting a writer fails only on the database).
+fn engine_error(e: onceflow_engine::Error) -> sqlx::Error {
+    match e {
+        onceflow_engine::Error::Database(e) => e,
+        other => sqlx::Error::Protocol(other.to_string()),
+    }
+}
+
 /// A [`Store`] that also keeps orders, tokens and payment records. Functions taking a connection run inside a
 /// step's transaction.
 pub trait PaymentStore: Store {
@@ -323,7 +331,7 @@ macro_rules! impl_payment_store {
             }
 
             async fn insert_order(&self, o: &Order) -> Result<bool, sqlx::Error> {
-                let done = sqlx::query(
+                let q = sqlx::query(
                     "INSERT INTO orders (tenant, order_no, amount, currency, status, version, created_at, updated_at) \
                      VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (tenant, order_no) DO NOTHING",
                 )
@@ -334,10 +342,10 @@ macro_rules! impl_payment_store {
                 .bind(&o.status)
                 .bind(o.version)
                 .bind(o.created_at)
-                .bind(o.updated_at)
-                .execute(self.write_pool())
-                .await?;
-                Ok(done.rows_affected() == 1)
+                .bind(o.updated_at);
+                let mut w = self.writer().await.map_err(engine_error)?;
+                let done = q.execute(&mut *w).await;
+                Ok(w.check(done)?.rows_affected() == 1)
             }
 
             async fn order(&self, tenant: &str, order_no: &str) -> Result<Option<Order>, sqlx::Error> {
@@ -349,7 +357,7 @@ macro_rules! impl_payment_store {
             }
 
             async fn insert_token(&self, t: &TokenRecord) -> Result<(), sqlx::Error> {
-                sqlx::query(
+                let q = sqlx::query(
                     "INSERT INTO idempotency_tokens (token, tenant, state, fingerprint, route, response_status, \
                      response_body, created_at, expires_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
                 )
@@ -362,9 +370,10 @@ macro_rules! impl_payment_store {
                 .bind(&t.response_body)
                 .bind(t.created_at)
                 .bind(t.expires_at)
-                .bind(t.updated_at)
-                .execute(self.write_pool())
-                .await?;
+                .bind(t.updated_at);
+                let mut w = self.writer().await.map_err(engine_error)?;
+                let done = q.execute(&mut *w).await;
+                w.check(done)?;
                 Ok(())
             }
 

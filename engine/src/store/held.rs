@@ -1,0 +1,113 @@
+//! Connections a store keeps checked out of its pool for one-call writes.
+//!
+//! An sqlx pool pings every connection returned to it before another caller may have it: a round trip to the
+//! Postgres server, or a hand-off to SQLite's worker thread. A commit that is one call would pay two, and on
+//! SQLite's single writer the next commit waits for the ping. Held connections go back to a list of their own
+//! instead; only one whose call may have left a transaction open (its future dropped mid-call) is closed.
+
+use std::sync::Mutex;
+
+use sqlx::Database;
+use sqlx::pool::PoolConnection;
+use tokio::sync::{Semaphore, SemaphorePermit};
+
+use crate::error::Result;
+
+/// Up to `max` connections taken from `pool` and kept for one-call writes.
+#[derive(Debug)]
+pub(crate) struct Held<DB: Database> {
+    pool: sqlx::Pool<DB>,
+    idle: Mutex<Vec<PoolConnection<DB>>>,
+    permits: Semaphore,
+}
+
+impl<DB: Database> Held<DB> {
+    /// Holds up to `max` (at least one) of `pool`'s connections, taken as callers need them.
+    pub(crate) fn new(pool: sqlx::Pool<DB>, max: usize) -> Self {
+        Self { pool, idle: Mutex::new(Vec::new()), permits: Semaphore::new(max.max(1)) }
+    }
+
+    /// A held connection, waiting for one when all are in use.
+    pub(crate) async fn get(&self) -> Result<Writer<'_, DB>> {
+        let permit = self.permits.acquire().await.map_err(|_| sqlx::Error::PoolClosed)?;
+        let idle = self.idle.lock().map(|mut idle| idle.pop()).unwrap_or(None);
+        let conn = match idle {
+            Some(conn) => conn,
+            None => self.pool.acquire().await?,
+        };
+        Ok(Writer { held: Some((self, permit)), conn: Some(conn), open: false, broken: false })
+    }
+}
+
+/// A connection for one write outside a step's transaction: held by the store (see [`Held`]) or from its
+/// pool. Dereferences to the connection.
+pub struct Writer<'a, DB: Database> {
+    held: Option<(&'a Held<DB>, SemaphorePermit<'a>)>,
+    conn: Option<PoolConnection<DB>>,
+    /// A call that may leave a transaction open is under way.
+    open: bool,
+    /// A call failed outside the database (I/O, protocol): the connection may be broken.
+    broken: bool,
+}
+
+impl<'a, DB: Database> Writer<'a, DB> {
+    /// A pool connection, returned to the pool when dropped.
+    pub(crate) fn pooled(conn: PoolConnection<DB>) -> Self {
+        Self { held: None, conn: Some(conn), open: false, broken: false }
+    }
+
+    /// Marks a call that begins and ends its own transaction as under way (`true`) or finished (`false`): a
+    /// connection dropped while one is under way is closed, which rolls the transaction back.
+    pub(crate) fn set_open(&mut self, open: bool) {
+        self.open = open;
+    }
+
+    /// Passes on a call's `result`, noting a failure outside the database: the connection then goes back to
+    /// the pool (whose ping closes it if broken) with every idle held one, since what broke one (a server
+    /// restart) broke them all.
+    pub fn check<T>(&mut self, result: std::result::Result<T, sqlx::Error>) -> std::result::Result<T, sqlx::Error> {
+        if let Err(e) = &result
+            && !matches!(e, sqlx::Error::Database(_))
+        {
+            self.broken = true;
+        }
+        result
+    }
+}
+
+impl<DB: Database> std::ops::Deref for Writer<'_, DB> {
+    type Target = DB::Connection;
+
+    fn deref(&self) -> &DB::Connection {
+        match self.conn.as_ref() {
+            Some(conn) => conn,
+            None => unreachable!("taken only by drop"),
+        }
+    }
+}
+
+impl<DB: Database> std::ops::DerefMut for Writer<'_, DB> {
+    fn deref_mut(&mut self) -> &mut DB::Connection {
+        match self.conn.as_mut() {
+            Some(conn) => conn,
+            None => unreachable!("taken only by drop"),
+        }
+    }
+}
+
+impl<DB: Database> Drop for Writer<'_, DB> {
+    fn drop(&mut self) {
+        let Some(mut conn) = self.conn.take() else { return };
+        if self.open {
+            conn.close_on_drop();
+            return;
+        }
+        let Some((held, _)) = &self.held else { return };
+        let Ok(mut idle) = held.idle.lock() else { return };
+        if self.broken {
+            idle.clear();
+        } else {
+            idle.push(conn);
+        }
+    }
+}
