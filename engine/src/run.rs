@@ -27,8 +27,14 @@ pub(crate) async fn drive<S: Store>(
     started: Option<StartSignal>,
 ) {
     let id = record.workflow_id.clone();
-    let outcome = drive_until_stopped(&core, wf.as_ref(), record, insert, started).await;
+    let mut unrecorded = None;
+    let outcome = drive_until_stopped(&core, wf.as_ref(), record, insert, started, &mut unrecorded).await;
     core.forget_running(&id);
+    // A start refused or lost to a duplicate hears of it only now: its caller may start the id again at once,
+    // which must not find this run still here.
+    if let Some((started, result)) = unrecorded {
+        signal(started, result);
+    }
     // Without an outcome, waiters that attached in this process look at the database again (a refused start
     // left no workflow there).
     core.announce(&id, outcome.map(Arc::new));
@@ -40,6 +46,7 @@ async fn drive_until_stopped<S: Store>(
     mut record: WorkflowRecord,
     mut insert: bool,
     mut started: Option<StartSignal>,
+    unrecorded: &mut Option<(Option<StartSignal>, Result<bool, Error>)>,
 ) -> Option<Outcome> {
     let id = record.workflow_id.clone();
     let mut carried: Vec<StepRecord> = Vec::new();
@@ -101,18 +108,18 @@ async fn drive_until_stopped<S: Store>(
                 return None;
             }
             Err(Interrupt::Duplicate) => {
-                signal(ctx.take_started(), Ok(false));
+                *unrecorded = Some((ctx.take_started(), Ok(false)));
                 return None;
             }
             Err(Interrupt::Refused(failure)) => {
-                signal(ctx.take_started(), Err(Error::Refused(failure)));
+                *unrecorded = Some((ctx.take_started(), Err(Error::Refused(failure))));
                 return None;
             }
             Err(other) => {
                 ctx.abort_phase().await;
                 let e = interrupted(other);
                 back_off(core, &record, &e, insert).await;
-                signal(ctx.take_started(), Err(e));
+                *unrecorded = Some((ctx.take_started(), Err(e)));
                 return None;
             }
         }
