@@ -74,7 +74,8 @@ pub struct ServeArgs {
     /// How long `POST /v1/payments` waits for a final result before `202`.
     #[arg(long, env = "ONCEFLOW_WAIT_MS", default_value_t = 10_000)]
     pub wait_ms: u64,
-    /// Postgres or MySQL connections this process may open (mind `max_connections` across processes; SQLite uses 8).
+    /// Postgres or MySQL connections this process may open (mind `max_connections` across processes; SQLite
+    /// uses 8 for reads, 2 for writes).
     #[arg(long, env = "ONCEFLOW_DB_MAX_CONNECTIONS", default_value_t = 20, value_parser = clap::value_parser!(u32).range(2..=1000))]
     pub db_max_connections: u32,
 }

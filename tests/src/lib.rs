@@ -177,31 +177,54 @@ pub async fn pg_store() -> anyhow::Result<Option<PgStore>> {
 macro_rules! on_every_backend {
     ($($name:ident),* $(,)?) => {$(
         mod $name {
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn sqlite() {
-                let store = onceflow_tests::sqlite_store().await.expect("sqlite store");
-                super::$name(store).await;
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn postgres() {
-                let Some(store) = onceflow_tests::pg_store().await.expect("postgres store") else {
-                    eprintln!("skipped: DATABASE_URL is not set");
-                    return;
-                };
-                super::$name(store).await;
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn mysql() {
-                let Some(store) = onceflow_tests::mysql_store().await.expect("mysql store") else {
-                    eprintln!("skipped: MYSQL_URL is not set");
-                    return;
-                };
-                super::$name(store).await;
-            }
+            onceflow_tests::backend_test!(sqlite, $name);
+            onceflow_tests::backend_test!(postgres, $name);
+            onceflow_tests::backend_test!(mysql, $name);
         }
     )*};
+}
+
+/// As [`on_every_backend!`], on SQLite and Postgres only (for what MySQL does not have, like statement phases).
+#[macro_export]
+macro_rules! on_sqlite_and_postgres {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            onceflow_tests::backend_test!(sqlite, $name);
+            onceflow_tests::backend_test!(postgres, $name);
+        }
+    )*};
+}
+
+/// One test `BACKEND` running `super::NAME` on a fresh store of that backend (skipped when its URL is unset).
+#[macro_export]
+macro_rules! backend_test {
+    (sqlite, $name:ident) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn sqlite() {
+            let store = onceflow_tests::sqlite_store().await.expect("sqlite store");
+            super::$name(store).await;
+        }
+    };
+    (postgres, $name:ident) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn postgres() {
+            let Some(store) = onceflow_tests::pg_store().await.expect("postgres store") else {
+                eprintln!("skipped: DATABASE_URL is not set");
+                return;
+            };
+            super::$name(store).await;
+        }
+    };
+    (mysql, $name:ident) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn mysql() {
+            let Some(store) = onceflow_tests::mysql_store().await.expect("mysql store") else {
+                eprintln!("skipped: MYSQL_URL is not set");
+                return;
+            };
+            super::$name(store).await;
+        }
+    };
 }
 
 /// Points where [`Steps`] can be made to stop, and what its external steps saw.

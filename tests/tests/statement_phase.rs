@@ -129,28 +129,7 @@ fn plan(guard: bool, deferred: bool) -> Plan {
     Plan { guard, deferred, pause: false, phase_first: false, broken: false }
 }
 
-/// Generates `NAME::sqlite` and `NAME::postgres` (when `DATABASE_URL` is set) from `async fn NAME<S: PhaseDb>`.
-macro_rules! with_phases {
-    ($($name:ident),* $(,)?) => {$(
-        mod $name {
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn sqlite() {
-                super::$name(onceflow_tests::sqlite_store().await.expect("sqlite store")).await;
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn postgres() {
-                let Some(store) = onceflow_tests::pg_store().await.expect("postgres store") else {
-                    eprintln!("skipped: DATABASE_URL is not set");
-                    return;
-                };
-                super::$name(store).await;
-            }
-        }
-    )*};
-}
-
-with_phases!(
+onceflow_tests::on_sqlite_and_postgres!(
     a_phase_commits_its_step_and_writes_once,
     a_failed_guard_writes_nothing_and_fails_the_step,
     a_first_phase_whose_guard_fails_refuses_the_start,

@@ -386,13 +386,13 @@ async fn main() -> anyhow::Result<()> {
         runs.push(library("library/postgres", store, &o).await?);
     }
 
-    let mut stormed = None;
+    let mut stormed = Vec::new();
     if o.wants("http/postgres") {
         let pg_url = fresh_db(&base, "onceflow_bench_http")?;
         let pg = serve(&pg_url).await?;
         seed_pg(&pg_url, o.count).await?;
         runs.push(http("http/postgres", &pg, &o).await?);
-        stormed = Some(storm(&pg, &o).await?);
+        stormed.push(("Postgres", storm(&pg, &o).await?));
     }
 
     if o.wants("library/sqlite") {
@@ -411,6 +411,7 @@ async fn main() -> anyhow::Result<()> {
         let sqlite = serve(&sqlite_url).await?;
         seed_sqlite(&sqlite_url, o.count).await?;
         runs.push(http("http/sqlite", &sqlite, &o).await?);
+        stormed.push(("SQLite", storm(&sqlite, &o).await?));
         drop(sqlite);
         remove_sqlite(&path);
     }
@@ -435,9 +436,10 @@ async fn main() -> anyhow::Result<()> {
     }
 
     print(&runs, seed, floor);
-    if let Some((storm_time, storm_charges)) = stormed {
+    for (backend, (storm_time, storm_charges)) in stormed {
         println!(
-            "\n{} concurrent requests with one token: all answered identically in {:.0} ms, {} channel charge call(s)",
+            "\n{backend}: {} concurrent requests with one token: all answered identically in {:.0} ms, {} channel \
+             charge call(s)",
             o.storm,
             storm_time.as_secs_f64() * 1000.0,
             storm_charges
