@@ -1,0 +1,117 @@
+#!/usr/bin/env python3
+"""What SQLite itself costs for a payment, without onceflow or any thread hand-off.
+
+The two transactions a payment commits on SQLite (phase 1: token, record, order, workflow row, 4 step rows,
+4 compensation rows; phase 2: order, record, token, 2 step rows, workflow), on onceflow's SQLite schema, WAL
+and `synchronous = FULL`, one connection in a loop. With `--per-commit N`, N payments' phases share one
+commit, each in a savepoint (what group commit would do). README "Benchmark" quotes these.
+
+    python3 tests/benches/sqlite_floor.py                    # ~1,450 payments/s on the 2-core dev machine
+    python3 tests/benches/sqlite_floor.py --per-commit 8     # ~5,200 payments/s
+"""
+import argparse
+import os
+import shutil
+import sqlite3
+import tempfile
+import time
+
+MIGRATIONS = os.path.join(os.path.dirname(__file__), "..", "..", "migrations", "sqlite")
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--count", type=int, default=3000)
+    parser.add_argument("--per-commit", type=int, default=1)
+    args = parser.parse_args()
+    path = os.path.join(tempfile.mkdtemp(), "floor.db")
+    c = sqlite3.connect(path, isolation_level=None)
+    c.execute("PRAGMA journal_mode = WAL")
+    c.execute("PRAGMA synchronous = FULL")
+    for name in sorted(os.listdir(MIGRATIONS)):
+        c.executescript(open(os.path.join(MIGRATIONS, name)).read())
+    c.execute("BEGIN")
+    for n in range(args.count):
+        c.execute("INSERT INTO orders VALUES ('default', ?, 1000, 'CNY', 'pending', 0, 0, 0)", (f"o{n}",))
+        c.execute(
+            "INSERT INTO idempotency_tokens (token, tenant, state, created_at, expires_at, updated_at) "
+            "VALUES (?, 'default', 'issued', 0, 9000000000000, 0)",
+            (f"tok{n}",),
+        )
+    c.execute("COMMIT")
+    grouped = args.per_commit > 1
+    begin, end = ("SAVEPOINT p", "RELEASE p") if grouped else ("BEGIN IMMEDIATE", "COMMIT")
+    started = time.time()
+    if grouped:
+        c.execute("BEGIN IMMEDIATE")
+    for n in range(args.count):
+        if grouped and n and n % args.per_commit == 0:
+            c.execute("COMMIT")
+            c.execute("BEGIN IMMEDIATE")
+        wf, body = f"payment:tok{n}", "y" * 300
+        c.execute(begin)
+        c.execute(
+            "UPDATE idempotency_tokens SET state = 'in_use', fingerprint = 'f', route = '/v1/payments', "
+            "updated_at = 1 WHERE token = ? AND tenant = 'default' AND state = 'issued'",
+            (f"tok{n}",),
+        )
+        c.execute(
+            "INSERT INTO payments VALUES ('default', ?, ?, 1000, 'CNY', 'processing', ?, NULL, NULL, 1, 1)",
+            (f"r{n}", f"o{n}", f"tok{n}"),
+        )
+        c.execute(
+            "UPDATE orders SET status = 'paying', version = version + 1 WHERE tenant = 'default' AND order_no = ?",
+            (f"o{n}",),
+        )
+        c.execute(
+            "INSERT INTO workflows VALUES (?, 'payment', ?, 'h', 'running', NULL, NULL, 'owner', 2, 1, 1, 0, 1, 1)",
+            (wf, "x" * 300),
+        )
+        for key in ["claim_token", "insert_record", "reserve_status", "call_channel"]:
+            c.execute(
+                "INSERT INTO workflow_steps VALUES (?, ?, ?, 'transactional', 'completed', 1, 'true', NULL, 1, 1)",
+                (wf, key, key),
+            )
+        for seq, name in enumerate(["store_response", "fail_record", "release_order", "refund"]):
+            c.execute(
+                "INSERT INTO workflow_compensations VALUES (?, ?, ?, ?, 'null', 'registered')", (wf, seq, name, name)
+            )
+        c.execute(end)
+        c.execute(begin)
+        c.execute(
+            "UPDATE orders SET status = 'paid', version = version + 1 WHERE tenant = 'default' AND order_no = ?",
+            (f"o{n}",),
+        )
+        c.execute(
+            "UPDATE payments SET status = 'succeeded', charge_id = 'ch' WHERE tenant = 'default' AND request_no = ?",
+            (f"r{n}",),
+        )
+        c.execute(
+            "UPDATE idempotency_tokens SET state = 'completed', response_status = 201, response_body = ? "
+            "WHERE token = ?",
+            (body, f"tok{n}"),
+        )
+        c.execute(
+            "INSERT INTO workflow_steps VALUES (?, 'confirm', 'confirm', 'transactional', 'completed', 1, ?, NULL, 1, 1)",
+            (wf, body),
+        )
+        c.execute(
+            "UPDATE workflow_steps SET output = '{}' WHERE workflow_id = ? AND step_key = 'call_channel'", (wf,)
+        )
+        c.execute(
+            "UPDATE workflows SET state = 'completed', output = ?, lease_owner = NULL "
+            "WHERE workflow_id = ? AND lease_epoch = 1",
+            (body, wf),
+        )
+        c.execute(end)
+    if grouped:
+        c.execute("COMMIT")
+    elapsed = time.time() - started
+    c.close()
+    shutil.rmtree(os.path.dirname(path))
+    print(f"{args.count / elapsed:.0f} payments/s ({elapsed / args.count * 1000:.3f} ms each), "
+          f"{args.per_commit} payment(s) per commit")
+
+
+if __name__ == "__main__":
+    main()
