@@ -136,6 +136,7 @@ onceflow_tests::on_sqlite_and_postgres!(
     a_fenced_worker_writes_nothing_with_its_phase,
     racing_starts_in_two_processes_write_once,
     a_phase_whose_sql_fails_leaves_the_writer_usable,
+    concurrent_phases_commit_or_undo_each_alone,
 );
 
 async fn a_phase_commits_its_step_and_writes_once<S: PhaseDb>(store: S) {
@@ -235,4 +236,48 @@ async fn a_phase_whose_sql_fails_leaves_the_writer_usable<S: PhaseDb>(store: S) 
         assert_eq!(outcome, Some(Outcome::Completed(serde_json::json!("written"))), "{id}");
         assert_eq!(store.effects(id).await.unwrap(), ["p"], "{id}");
     }
+}
+
+/// Many phases at once, some refused by their guard and some failing in their SQL among those that commit: on
+/// SQLite they share group commits, where each that fails must be undone alone (its savepoint) and each that
+/// commits must be written once.
+async fn concurrent_phases_commit_or_undo_each_alone<S: PhaseDb>(store: S) {
+    let (engine, _, _) = engine(store.clone(), &clock());
+    let kinds = ["ok", "refused", "broken"];
+    let starts = (0..45).map(|n| {
+        let (engine, kind) = (engine.clone(), kinds[n % 3]);
+        let plan = Plan { phase_first: true, guard: kind != "refused", broken: kind == "broken", ..plan(true, false) };
+        tokio::spawn(async move {
+            let id = format!("{kind}-{n}");
+            let started = engine.start::<Phased>(&id, &plan).await;
+            let outcome = match started {
+                Ok(handle) => handle.wait(WAIT).await.ok().flatten(),
+                Err(_) => None,
+            };
+            (id, kind, outcome)
+        })
+    });
+    for joined in futures_join(starts).await {
+        let (id, kind, outcome) = joined;
+        let effects = store.effects(&id).await.unwrap();
+        match kind {
+            "ok" => {
+                assert_eq!(outcome, Some(Outcome::Completed(serde_json::json!("written"))), "{id}");
+                assert_eq!(effects, ["p"], "{id}");
+            }
+            _ => {
+                assert!(outcome.is_none(), "{id}: {outcome:?}");
+                assert!(effects.is_empty(), "{id}: {effects:?}");
+                assert!(store.workflow(&id).await.unwrap().is_none(), "{id}");
+            }
+        }
+    }
+}
+
+async fn futures_join<T: Send + 'static>(tasks: impl Iterator<Item = tokio::task::JoinHandle<T>>) -> Vec<T> {
+    let mut out = Vec::new();
+    for t in tasks.collect::<Vec<_>>() {
+        out.push(t.await.unwrap());
+    }
+    out
 }

@@ -10,6 +10,7 @@ use serde::Serialize;
 use crate::error::Result;
 use crate::phase::{PhaseCommit, StatementOutcome};
 
+mod group_commit;
 mod held;
 mod mysql;
 mod postgres;

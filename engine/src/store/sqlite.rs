@@ -8,6 +8,7 @@ use std::time::Duration;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{Row, Sqlite};
 
+use super::group_commit::{GroupCommit, SAVEPOINT};
 use super::held::Held;
 use super::{
     Checkpoint, CompensationRecord, Conn, Listener, Persisted, Reopen, StepRecord, Store, Tx, WorkflowRecord,
@@ -32,6 +33,7 @@ pub struct SqliteStore {
     pool: sqlx::SqlitePool,
     writer: sqlx::SqlitePool,
     held: Arc<Held<Sqlite>>,
+    group: GroupCommit,
 }
 
 impl SqliteStore {
@@ -56,12 +58,15 @@ impl SqliteStore {
             .acquire_timeout(Duration::from_secs(30))
             .connect_with(options)
             .await?;
-        Ok(Self { held: Arc::new(Held::new(writer.clone(), 1)), pool, writer })
+        let held = Arc::new(Held::new(writer.clone(), 1));
+        Ok(Self { group: GroupCommit::start(held.clone()), held, pool, writer })
     }
 
-    /// A store over an existing pool (opened with WAL and a busy timeout), which then also writes.
+    /// A store over an existing pool (opened with WAL and a busy timeout), which then also writes. Call it
+    /// inside a Tokio runtime (it starts the store's group committer).
     pub fn from_pool(pool: sqlx::SqlitePool) -> Self {
-        Self { held: Arc::new(Held::new(pool.clone(), 1)), writer: pool.clone(), pool }
+        let held = Arc::new(Held::new(pool.clone(), 1));
+        Self { group: GroupCommit::start(held.clone()), held, writer: pool.clone(), pool }
     }
 
     const SELECT_STATE_FOR_UPDATE: &str = "SELECT state FROM workflows WHERE workflow_id = $1";
@@ -143,10 +148,11 @@ impl Store for SqliteStore {
         })
     }
 
-    /// One multi-statement call to the writer's thread, `BEGIN IMMEDIATE` to `COMMIT`: the phase's statements,
-    /// the bookkeeping, the phase's step rows and the outputs, where a transaction of closure steps costs a
-    /// hand-off per statement and the writer waits through each. A check that fails (fence, insert, guard)
-    /// inserts its code into `onceflow_checks`, whose triggers roll the transaction back (migration 0004).
+    /// One multi-statement call to the writer's thread inside a savepoint of a group commit (see
+    /// [`GroupCommit`]): the phase's statements, the bookkeeping, the phase's step rows and the outputs, where a
+    /// transaction of closure steps costs a hand-off per statement and the writer waits through each. A check
+    /// that fails (fence, insert, guard) inserts its code into `onceflow_checks`, whose triggers raise it
+    /// (migration 0004), and the commit is rolled back to its savepoint.
     async fn commit_statement(
         &self,
         checkpoint: &Checkpoint<'_>,
@@ -157,7 +163,7 @@ impl Store for SqliteStore {
         let (parts, mut next) = shared::checkpoint_statements(checkpoint, args + 1);
         let check =
             |ok: &str, code: &str| format!("INSERT INTO onceflow_checks SELECT '{code}' WHERE NOT COALESCE({ok}, 0)");
-        let mut sql = vec!["BEGIN IMMEDIATE".to_owned()];
+        let mut sql = vec![format!("SAVEPOINT {SAVEPOINT}")];
         if let Some(p) = phase {
             sql.push(format!("CREATE TEMP TABLE IF NOT EXISTS {PHASE_FLAGS} (flag TEXT PRIMARY KEY)"));
             sql.push(format!("DELETE FROM {PHASE_FLAGS}"));
@@ -193,13 +199,9 @@ impl Store for SqliteStore {
             // An intent's output is empty text: written, with no output.
             sql.push(format!("SELECT {}", shared::phase_outputs(rows, false).join(", ")));
         }
-        sql.push("COMMIT".to_owned());
+        sql.push(format!("RELEASE {SAVEPOINT}"));
         let q = shared::bind_statement!(sqlx::query(sqlx::AssertSqlSafe(sql.join(";\n"))), checkpoint, phase);
-        let mut conn = self.writer().await?;
-        conn.set_open(true);
-        let result = q.fetch_all(&mut *conn).await;
-        let result = conn.check(result);
-        let outcome = match result {
+        let outcome = match self.group.commit(q).await {
             Ok(found) => {
                 let outputs = match found.last() {
                     Some(row) if !rows.is_empty() => (0..rows.len())
@@ -212,15 +214,8 @@ impl Store for SqliteStore {
             Err(sqlx::Error::Database(e)) if e.message() == "OF001" => StatementOutcome::GuardFailed,
             Err(sqlx::Error::Database(e)) if e.message() == "OF002" => StatementOutcome::LeaseLost,
             Err(sqlx::Error::Database(e)) if e.message() == "OF003" => StatementOutcome::Duplicate,
-            Err(e) => {
-                // The triggers roll back only the checks' failures; anything else may leave the transaction
-                // open (an error before `BEGIN` leaves none, and this `ROLLBACK` fails harmlessly).
-                let _ = sqlx::query("ROLLBACK").execute(&mut *conn).await;
-                conn.set_open(false);
-                return Err(e.into());
-            }
+            Err(e) => return Err(e.into()),
         };
-        conn.set_open(false);
         Ok(Some(outcome))
     }
 
