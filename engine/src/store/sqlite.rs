@@ -1,5 +1,6 @@
 //! The SQLite store: the embedded default for one process (WAL, a busy timeout, `BEGIN IMMEDIATE` writes).
-//! A commit with no open transaction, and a statement phase with it, is one multi-statement call.
+//! A commit with no open transaction, and a statement phase with it, is one multi-statement call, and those of
+//! concurrent workflows share a transaction (group commit).
 
 use std::str::FromStr;
 use std::sync::Arc;
@@ -23,9 +24,10 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/sql
 /// A [`Store`] on SQLite.
 ///
 /// SQLite lets one transaction write at a time. Writes queue in process rather than in SQLite's busy handler
-/// (which sleeps in steps of up to 100 ms): one-call commits and single writes on `held`, the writer
-/// connection the store keeps (see [`Held`]: no ping to the worker thread between two commits), transactions
-/// of closure steps on `writer`'s other connection; the two meet in the busy handler only when a transaction
+/// (which sleeps in steps of up to 100 ms): one-call commits, grouped by `group` (those queued meanwhile share
+/// a transaction, see [`GroupCommit`]), and single writes on `held`, the writer connection the store keeps (see
+/// [`Held`]: no ping to the worker thread between two uses); transactions of closure steps on `writer`'s other
+/// connection; the two meet in the busy handler only when a transaction
 /// of closure steps (compensations, recovery, operator actions) overlaps. Reads use `pool` and, in WAL mode,
 /// never wait for a writer.
 #[derive(Debug, Clone)]
