@@ -25,11 +25,10 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/sql
 ///
 /// SQLite lets one transaction write at a time. Writes queue in process rather than in SQLite's busy handler
 /// (which sleeps in steps of up to 100 ms): one-call commits, grouped by `group` (those queued meanwhile share
-/// a transaction, see [`GroupCommit`]), and single writes on `held`, the writer connection the store keeps (see
-/// [`Held`]: no ping to the worker thread between two uses); transactions of closure steps on `writer`'s other
-/// connection; the two meet in the busy handler only when a transaction
-/// of closure steps (compensations, recovery, operator actions) overlaps. Reads use `pool` and, in WAL mode,
-/// never wait for a writer.
+/// a transaction, see `GroupCommit`), and single writes on `held`, the writer connection the store keeps (see
+/// `Held`: no ping to the worker thread between two uses); transactions of closure steps on `writer`'s other
+/// connection, begun at their turn at `held` (see [`Store::begin`]), so a group commit that follows one waits in
+/// the busy handler for its `COMMIT`. Reads use `pool` and, in WAL mode, never wait for a writer.
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
     pool: sqlx::SqlitePool,
@@ -157,7 +156,7 @@ impl Store for SqliteStore {
     }
 
     /// One multi-statement call to the writer's thread inside a savepoint of a group commit (see
-    /// [`GroupCommit`]): the phase's statements, the bookkeeping, the phase's step rows and the outputs, where a
+    /// `GroupCommit`): the phase's statements, the bookkeeping, the phase's step rows and the outputs, where a
     /// transaction of closure steps costs a hand-off per statement and the writer waits through each. A check
     /// that fails (fence, insert, guard) inserts its code into `onceflow_checks`, whose triggers raise it
     /// (migration 0004), and the commit is rolled back to its savepoint.
