@@ -210,6 +210,9 @@ pub struct Handle<S: Store> {
     engine: Engine<S>,
     workflow_id: String,
     attached: bool,
+    /// For a run this start spawned: its waiters' registration, made before the run could end, so that
+    /// [`Handle::wait`] hears its outcome even when it ended first (no read of the workflow).
+    early: std::sync::Mutex<Option<Subscription<S>>>,
 }
 
 impl<S: Store> Handle<S> {
@@ -225,7 +228,9 @@ impl<S: Store> Handle<S> {
 
     /// Waits up to `timeout` for the workflow to end; `None` if it is still running then.
     pub async fn wait(&self, timeout: Duration) -> Result<Option<Outcome>> {
-        self.engine.wait(&self.workflow_id, timeout).await
+        let early = self.early.lock().map(|mut early| early.take()).unwrap_or(None);
+        let subscription = early.unwrap_or_else(|| self.engine.core.subscribe(&self.workflow_id));
+        self.engine.wait_on(&self.workflow_id, timeout, subscription).await
     }
 }
 
@@ -282,9 +287,10 @@ impl<S: Store> Engine<S> {
             updated_at: now,
         };
         let (tx, rx) = oneshot::channel();
+        let early = self.core.subscribe(workflow_id);
         tokio::spawn(drive(self.core.clone(), wf, record, true, Some(tx)));
         match rx.await {
-            Ok(Ok(true)) => Ok(Handle { engine: self.clone(), workflow_id: workflow_id.to_owned(), attached: false }),
+            Ok(Ok(true)) => Ok(self.handle(workflow_id, false, Some(early))),
             Ok(Err(e)) => Err(e),
             Ok(Ok(false)) | Err(_) => match self.core.store.workflow(workflow_id).await? {
                 Some(existing) => self.attach_if_same(workflow_id, existing.input_hash == hash),
@@ -295,19 +301,43 @@ impl<S: Store> Engine<S> {
 
     fn attach_if_same(&self, workflow_id: &str, same: bool) -> Result<Handle<S>> {
         if same {
-            Ok(Handle { engine: self.clone(), workflow_id: workflow_id.to_owned(), attached: true })
+            Ok(self.handle(workflow_id, true, None))
         } else {
             Err(Error::Conflict { workflow_id: workflow_id.to_owned() })
+        }
+    }
+
+    fn handle(&self, workflow_id: &str, attached: bool, early: Option<Subscription<S>>) -> Handle<S> {
+        Handle {
+            engine: self.clone(),
+            workflow_id: workflow_id.to_owned(),
+            attached,
+            early: std::sync::Mutex::new(early),
         }
     }
 
     /// Waits up to `timeout` for workflow `workflow_id` to end, whichever process runs it: by in-process
     /// notification, Postgres `NOTIFY` from other processes, and polling as the source of truth.
     pub async fn wait(&self, workflow_id: &str, timeout: Duration) -> Result<Option<Outcome>> {
+        self.wait_on(workflow_id, timeout, self.core.subscribe(workflow_id)).await
+    }
+
+    /// [`Engine::wait`] with `subscription`, which may have heard the outcome already.
+    async fn wait_on(
+        &self,
+        workflow_id: &str,
+        timeout: Duration,
+        mut subscription: Subscription<S>,
+    ) -> Result<Option<Outcome>> {
         let deadline = Instant::now() + timeout;
-        let mut subscription = self.core.subscribe(workflow_id);
         let mut asked_remote = false;
         loop {
+            // Announced since the subscription (by a run of this process): no need to read it.
+            if subscription.rx.has_changed().unwrap_or(false)
+                && let Some(Some(outcome)) = subscription.rx.borrow_and_update().clone()
+            {
+                return Ok(Some((*outcome).clone()));
+            }
             let here = self.core.running().contains_key(workflow_id);
             if !here {
                 let mut record = self.core.store.workflow(workflow_id).await?;
