@@ -249,8 +249,9 @@ impl<S: Store> WorkflowContext<S> {
     }
 
     /// Runs a statement phase: its transactional steps (see [`StatementPhase`]) and the commit they end with, as
-    /// one call where the store can (Postgres: one statement, one round trip; SQLite: one call to the writer). Returns each step's output, `None` for a
-    /// step whose condition did not hold and for an external step's intent. A phase that already committed
+    /// one call where the store can (Postgres: one statement, one round trip; SQLite: one call to the writer).
+    /// Returns each step's output, `None` for a step whose condition did not hold and for an external step's
+    /// intent. A phase that already committed
     /// returns its stored outputs; an open phase of closure steps commits first. Only for stores with
     /// single-statement commits: elsewhere it fails the run (build phases only where the store has them).
     pub async fn statement_phase(&mut self, phase: StatementPhase) -> Result<Vec<Option<Value>>, Interrupt> {

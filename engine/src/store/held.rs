@@ -27,9 +27,15 @@ impl<DB: Database> Held<DB> {
         Self { pool, idle: Mutex::new(Vec::new()), permits: Semaphore::new(max.max(1)) }
     }
 
+    /// A turn at the held connections without taking one: while it lasts, none of them is in use (with one
+    /// held, nothing runs on it).
+    pub(crate) async fn turn(&self) -> Result<SemaphorePermit<'_>> {
+        Ok(self.permits.acquire().await.map_err(|_| sqlx::Error::PoolClosed)?)
+    }
+
     /// A held connection, waiting for one when all are in use.
     pub(crate) async fn get(&self) -> Result<Writer<'_, DB>> {
-        let permit = self.permits.acquire().await.map_err(|_| sqlx::Error::PoolClosed)?;
+        let permit = self.turn().await?;
         let idle = self.idle.lock().map(|mut idle| idle.pop()).unwrap_or(None);
         let conn = match idle {
             Some(conn) => conn,

@@ -4,8 +4,8 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use sqlx::Postgres;
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
-use sqlx::{Postgres, Row};
 
 use super::held::Held;
 use super::{
@@ -148,9 +148,9 @@ impl Store for PgStore {
         ctes.extend(parts.iter().enumerate().map(|(i, part)| format!("w{i} AS ({part})")));
         // The bookkeeping's own check: the fence (the last part) matched, or else the insert (the first) happened.
         let (held, code) = match (&checkpoint.fence, checkpoint.insert) {
-            (Some(_), _) => (format!("EXISTS (SELECT 1 FROM w{})", parts.len() - 1), "OF002"),
-            (None, Some(_)) => ("EXISTS (SELECT 1 FROM w0)".to_owned(), "OF003"),
-            (None, None) => ("TRUE".to_owned(), "OF002"),
+            (Some(_), _) => (format!("EXISTS (SELECT 1 FROM w{})", parts.len() - 1), shared::CHECK_FENCE),
+            (None, Some(_)) => ("EXISTS (SELECT 1 FROM w0)".to_owned(), shared::CHECK_INSERT),
+            (None, None) => ("TRUE".to_owned(), shared::CHECK_FENCE),
         };
         let (workflow, now) = (next, next + 1);
         next += 2;
@@ -177,8 +177,9 @@ impl Store for PgStore {
         // duplicate start (or a lost lease), whatever its guard says.
         let guard = phase.and_then(|p| p.phase.guard.as_ref()).map_or("TRUE", |(g, _)| g.as_str());
         let mut sql = format!(
-            "WITH {} SELECT onceflow_check({held}, '{code}'), onceflow_check({guard}, 'OF001')",
-            ctes.join(", ")
+            "WITH {} SELECT onceflow_check({held}, '{code}'), onceflow_check({guard}, '{}')",
+            ctes.join(", "),
+            shared::CHECK_GUARD
         );
         if notify {
             sql.push_str(", (SELECT count(*) FROM n)");
@@ -197,20 +198,15 @@ impl Store for PgStore {
         let row = match conn.check(row) {
             Ok(row) => row,
             Err(sqlx::Error::Database(e)) => {
-                return match e.code().as_deref() {
-                    Some("OF001") => Ok(Some(StatementOutcome::GuardFailed)),
-                    Some("OF002") => Ok(Some(StatementOutcome::LeaseLost)),
-                    Some("OF003") => Ok(Some(StatementOutcome::Duplicate)),
-                    _ => Err(sqlx::Error::Database(e).into()),
+                return match e.code().as_deref().and_then(shared::checked) {
+                    Some(outcome) => Ok(Some(outcome)),
+                    None => Err(sqlx::Error::Database(e).into()),
                 };
             }
             Err(e) => return Err(e.into()),
         };
         let first = if notify { 3 } else { 2 };
-        let outputs = (0..rows.len())
-            .map(|i| row.try_get::<Option<String>, _>(first + i))
-            .collect::<std::result::Result<_, _>>()?;
-        Ok(Some(StatementOutcome::Done(outputs)))
+        Ok(Some(StatementOutcome::Done(shared::read_outputs(&row, first, rows.len())?)))
     }
 
     async fn listen(&self) -> Result<Option<Listener>> {

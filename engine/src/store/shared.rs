@@ -117,6 +117,32 @@ pub(crate) fn phase_step_values(rows: &[crate::phase::PhaseRow<'_>], next: &mut 
     values.join(", ")
 }
 
+/// The codes a one-call commit raises to abort itself (Postgres: as the SQLSTATE; SQLite: as the message), and
+/// what each means.
+pub(crate) const CHECK_GUARD: &str = "OF001";
+pub(crate) const CHECK_FENCE: &str = "OF002";
+pub(crate) const CHECK_INSERT: &str = "OF003";
+
+/// The outcome of a one-call commit that raised `code`, if it is one of the checks'.
+pub(crate) fn checked(code: &str) -> Option<crate::phase::StatementOutcome> {
+    use crate::phase::StatementOutcome;
+    match code {
+        CHECK_GUARD => Some(StatementOutcome::GuardFailed),
+        CHECK_FENCE => Some(StatementOutcome::LeaseLost),
+        CHECK_INSERT => Some(StatementOutcome::Duplicate),
+        _ => None,
+    }
+}
+
+/// The outputs of a phase's `count` step rows, read from `row`'s columns from `first` on.
+pub(crate) fn read_outputs<R: sqlx::Row>(row: &R, first: usize, count: usize) -> sqlx::Result<Vec<Option<String>>>
+where
+    usize: sqlx::ColumnIndex<R>,
+    Option<String>: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    (0..count).map(|i| row.try_get::<Option<String>, _>(first + i)).collect()
+}
+
 /// A statement phase's outputs: per step row, its output as text (empty for none) where its condition held.
 pub(crate) fn phase_outputs(rows: &[crate::phase::PhaseRow<'_>], pg: bool) -> Vec<String> {
     let text = if pg { "::text" } else { "" };

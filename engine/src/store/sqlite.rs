@@ -100,7 +100,7 @@ impl Store for SqliteStore {
     /// follow one another with hardly a gap, which SQLite's busy handler (sleeping up to 100 ms between tries)
     /// would seldom hit. Once begun it holds SQLite's write lock, and the next group waits for its `COMMIT`.
     async fn begin(&self) -> Result<Tx<Self>> {
-        let turn = self.held.get().await?;
+        let turn = self.held.turn().await?;
         let tx = self.writer.begin_with("BEGIN IMMEDIATE").await?;
         drop(turn);
         Ok(tx)
@@ -181,10 +181,10 @@ impl Store for SqliteStore {
             sql.push(part);
             // Each check right after its statement, which `changes()` counts.
             if i == 0 && checkpoint.insert.is_some() {
-                sql.push(check("changes() = 1", "OF003"));
+                sql.push(check("changes() = 1", shared::CHECK_INSERT));
             }
             if i == last && checkpoint.fence.is_some() {
-                sql.push(check("changes() = 1", "OF002"));
+                sql.push(check("changes() = 1", shared::CHECK_FENCE));
             }
         }
         let (workflow, now) = (next, next + 1);
@@ -200,7 +200,7 @@ impl Store for SqliteStore {
             ));
         }
         if let Some((guard, _)) = phase.and_then(|p| p.phase.guard.as_ref()) {
-            sql.push(check(&format!("({guard})"), "OF001"));
+            sql.push(check(&format!("({guard})"), shared::CHECK_GUARD));
         }
         if !rows.is_empty() {
             // An intent's output is empty text: written, with no output.
@@ -208,22 +208,20 @@ impl Store for SqliteStore {
         }
         sql.push(format!("RELEASE {SAVEPOINT}"));
         let q = shared::bind_statement!(sqlx::query(sqlx::AssertSqlSafe(sql.join(";\n"))), checkpoint, phase);
-        let outcome = match self.group.commit(q).await {
+        match self.group.commit(q).await {
             Ok(found) => {
                 let outputs = match found.last() {
-                    Some(row) if !rows.is_empty() => (0..rows.len())
-                        .map(|i| row.try_get::<Option<String>, _>(i))
-                        .collect::<std::result::Result<_, _>>()?,
+                    Some(row) if !rows.is_empty() => shared::read_outputs(row, 0, rows.len())?,
                     _ => Vec::new(),
                 };
-                StatementOutcome::Done(outputs)
+                Ok(Some(StatementOutcome::Done(outputs)))
             }
-            Err(sqlx::Error::Database(e)) if e.message() == "OF001" => StatementOutcome::GuardFailed,
-            Err(sqlx::Error::Database(e)) if e.message() == "OF002" => StatementOutcome::LeaseLost,
-            Err(sqlx::Error::Database(e)) if e.message() == "OF003" => StatementOutcome::Duplicate,
-            Err(e) => return Err(e.into()),
-        };
-        Ok(Some(outcome))
+            Err(sqlx::Error::Database(e)) => match shared::checked(e.message()) {
+                Some(outcome) => Ok(Some(outcome)),
+                None => Err(sqlx::Error::Database(e).into()),
+            },
+            Err(e) => Err(e.into()),
+        }
     }
 
     async fn listen(&self) -> Result<Option<Listener>> {

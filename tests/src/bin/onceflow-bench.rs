@@ -6,8 +6,8 @@
 //! ```
 //!
 //! Scenarios: `seed_pay` and `floor_pay` with pgbench; the payment service as a library on Postgres (in-process
-//! mock channel, zero latency) on Postgres and on SQLite; `onceflow serve` over HTTP on Postgres and on embedded SQLite (with its peak
-//! RSS); 1,000 concurrent requests with one token. With `MYSQL_URL=mysql://…` set (a user who may
+//! mock channel, zero latency) on Postgres and on SQLite; `onceflow serve` over HTTP on Postgres and on embedded
+//! SQLite (with its peak RSS), and on each 1,000 concurrent requests with one token. With `MYSQL_URL=mysql://…` set (a user who may
 //! `CREATE DATABASE`), the library and HTTP scenarios also run on MySQL / MariaDB.
 
 use std::sync::Arc;
