@@ -76,10 +76,10 @@ impl Store for PgStore {
     }
 
     /// A held connection (a statement left unfinished is drained before the next: sqlx waits for the
-    /// server's `ReadyForQuery`), or one from the pool.
+    /// server's `ReadyForQuery`), or one from the pool when every held one is in use (or none is held).
     async fn writer(&self) -> Result<Writer<'_, Postgres>> {
         match &self.held {
-            Some(held) => held.get().await,
+            Some(held) => held.get_or_pooled().await,
             None => Ok(Writer::pooled(self.pool.acquire().await?)),
         }
     }
@@ -109,8 +109,9 @@ impl Store for PgStore {
     /// One statement: the workflow insert (first commit) and the step and compensation upserts ride as
     /// data-modifying CTEs of the fence, or of a final check that the insert happened.
     async fn persist(&self, conn: &mut Conn<Self>, checkpoint: &Checkpoint<'_>) -> Result<Persisted> {
-        let (mut parts, _) = shared::checkpoint_statements(checkpoint, 1);
-        if checkpoint.insert.is_some() && checkpoint.fence.is_none() {
+        let fresh = checkpoint.insert.is_some() && checkpoint.fence.is_none();
+        let (mut parts, _) = shared::checkpoint_statements(checkpoint, 1, fresh);
+        if fresh {
             // `w0` is the insert: whether it wrote the row.
             parts.push("SELECT EXISTS (SELECT 1 FROM w0)".to_owned());
         }
@@ -143,7 +144,8 @@ impl Store for PgStore {
         finished: bool,
     ) -> Result<Option<StatementOutcome>> {
         let args = phase.map_or(0, |p| p.phase.args.len());
-        let (parts, mut next) = shared::checkpoint_statements(checkpoint, args + 1);
+        let fresh = checkpoint.insert.is_some() && checkpoint.fence.is_none();
+        let (parts, mut next) = shared::checkpoint_statements(checkpoint, args + 1, fresh);
         let mut ctes: Vec<String> = phase.map(|p| p.phase.ctes.clone()).unwrap_or_default();
         ctes.extend(parts.iter().enumerate().map(|(i, part)| format!("w{i} AS ({part})")));
         // The bookkeeping's own check: the fence (the last part) matched, or else the insert (the first) happened.
@@ -155,16 +157,25 @@ impl Store for PgStore {
         let (workflow, now) = (next, next + 1);
         next += 2;
         let rows = phase.map_or(&[][..], |p| p.rows);
+        // The phase's outputs are read back from the step rows written (a row not written reads NULL; an
+        // intent's empty text means written, with no output), so the statement evaluates each output once.
+        let mut outputs = Vec::new();
         if !rows.is_empty() {
+            let first_key = next;
             let values = shared::phase_step_values(rows, &mut next, true);
             ctes.push(format!(
                 "ws AS (INSERT INTO {} SELECT ${workflow}::text, v.k, v.n, v.kind, v.status, v.a, v.o, NULL, \
                  ${now}::bigint, CASE WHEN v.fin THEN ${now}::bigint END \
-                 FROM (VALUES {}) v (k, n, kind, status, a, o, fin, keep) WHERE v.keep{})",
+                 FROM (VALUES {}) v (k, n, kind, status, a, o, fin, keep) WHERE v.keep{} RETURNING step_key, output)",
                 shared::STEP_COLUMNS,
                 values,
-                shared::STEPS_ON_CONFLICT
+                // A fresh workflow has no step rows yet (see `checkpoint_statements`).
+                if fresh { " AND EXISTS (SELECT 1 FROM w0)" } else { shared::STEPS_ON_CONFLICT }
             ));
+            // `phase_step_values` gives each row 6 parameters, its key first.
+            outputs = (0..rows.len())
+                .map(|i| format!("max(CASE WHEN step_key = ${} THEN COALESCE(output, '') END)", first_key + 6 * i))
+                .collect();
         }
         let notify = finished && checkpoint.fence.is_some();
         if notify {
@@ -184,10 +195,9 @@ impl Store for PgStore {
         if notify {
             sql.push_str(", (SELECT count(*) FROM n)");
         }
-        for output in shared::phase_outputs(rows, true) {
-            // An intent's output is empty text: written, with no output.
-            sql.push_str(", ");
-            sql.push_str(&output);
+        if !outputs.is_empty() {
+            sql.push_str(", o.*");
+            sql.push_str(&format!(" FROM (SELECT {} FROM ws) o", outputs.join(", ")));
         }
         let mut q = shared::bind_statement!(sqlx::query(sqlx::AssertSqlSafe(sql)), checkpoint, phase);
         if notify {

@@ -65,9 +65,14 @@ pub(crate) const COMPENSATION_COLUMNS: &str =
 /// [`bind_checkpoint`] binds: the workflow insert (`RETURNING 1 AS inserted`), the step upserts, the
 /// compensation upserts, the fence (`RETURNING notify`); and the next free parameter number. Postgres runs
 /// them as one statement of CTEs, SQLite as one multi-statement query.
-pub(crate) fn checkpoint_statements(c: &super::Checkpoint<'_>, first: usize) -> (Vec<String>, usize) {
+///
+/// With `fresh` (Postgres, a commit that inserts its workflow: the insert is CTE `w0`), the step and
+/// compensation rows are plain inserts made only if `w0` wrote the row: a workflow that did not exist has none
+/// of them, so nothing can conflict, and Postgres skips the speculative insertion an upsert costs.
+pub(crate) fn checkpoint_statements(c: &super::Checkpoint<'_>, first: usize, fresh: bool) -> (Vec<String>, usize) {
     let mut parts = Vec::new();
     let mut next = first;
+    let after = (fresh && c.insert.is_some()).then_some("w0");
     if c.insert.is_some() {
         let mut sql = concat!("INSERT INTO ", workflow_columns!(), " VALUES ").to_owned();
         push_value_rows(&mut sql, 1, 14, Some(next));
@@ -76,11 +81,11 @@ pub(crate) fn checkpoint_statements(c: &super::Checkpoint<'_>, first: usize) -> 
         next += 14;
     }
     if !c.steps.is_empty() {
-        parts.push(upsert_steps_sql(c.steps.len(), next));
+        parts.push(write_steps_sql(c.steps.len(), next, after));
         next += c.steps.len() * 10;
     }
     if !c.compensations.is_empty() {
-        parts.push(upsert_compensations_sql(c.compensations.len(), next));
+        parts.push(write_compensations_sql(c.compensations.len(), next, after));
         next += c.compensations.len() * 6;
     }
     if c.fence.is_some() {
@@ -143,11 +148,11 @@ where
     (0..count).map(|i| row.try_get::<Option<String>, _>(first + i)).collect()
 }
 
-/// A statement phase's outputs: per step row, its output as text (empty for none) where its condition held.
-pub(crate) fn phase_outputs(rows: &[crate::phase::PhaseRow<'_>], pg: bool) -> Vec<String> {
-    let text = if pg { "::text" } else { "" };
+/// A statement phase's outputs on SQLite: per step row, its output as text (empty for none) where its condition
+/// held. (Postgres reads them back from the rows it wrote.)
+pub(crate) fn phase_outputs(rows: &[crate::phase::PhaseRow<'_>]) -> Vec<String> {
     rows.iter()
-        .map(|r| format!("CASE WHEN ({}) THEN COALESCE(({}){text}, '') END", r.when.unwrap_or("TRUE"), r.output))
+        .map(|r| format!("CASE WHEN ({}) THEN COALESCE(({}), '') END", r.when.unwrap_or("TRUE"), r.output))
         .collect()
 }
 
@@ -173,9 +178,34 @@ pub(crate) fn reopen_plan(how: super::Reopen) -> (&'static str, bool, &'static [
 
 /// `INSERT … VALUES (…), (…) ON CONFLICT … DO UPDATE` for `rows` step rows, parameters from `$first`.
 pub(crate) fn upsert_steps_sql(rows: usize, first: usize) -> String {
-    let mut sql = format!("INSERT INTO {STEP_COLUMNS} VALUES ");
-    push_value_rows(&mut sql, rows, 10, Some(first));
-    sql.push_str(STEPS_ON_CONFLICT);
+    write_steps_sql(rows, first, None)
+}
+
+/// [`upsert_steps_sql`], or with `after` a plain insert made only if CTE `after` returned a row.
+fn write_steps_sql(rows: usize, first: usize, after: Option<&str>) -> String {
+    write_rows_sql(STEP_COLUMNS, rows, 10, first, after, STEPS_ON_CONFLICT)
+}
+
+/// `INSERT INTO {columns}` of `rows` rows of `cols` parameters from `$first`: an upsert (`on_conflict`), or with
+/// `after` a plain insert made only if CTE `after` returned a row.
+fn write_rows_sql(
+    columns: &str,
+    rows: usize,
+    cols: usize,
+    first: usize,
+    after: Option<&str>,
+    on_conflict: &str,
+) -> String {
+    let mut sql = format!("INSERT INTO {columns} ");
+    match after {
+        Some(_) => sql.push_str("SELECT * FROM (VALUES "),
+        None => sql.push_str("VALUES "),
+    }
+    push_value_rows(&mut sql, rows, cols, Some(first));
+    match after {
+        Some(after) => sql.push_str(&format!(") v WHERE EXISTS (SELECT 1 FROM {after})")),
+        None => sql.push_str(on_conflict),
+    }
     sql
 }
 
@@ -187,10 +217,13 @@ pub(crate) const STEPS_ON_CONFLICT: &str = " ON CONFLICT (workflow_id, step_key)
 
 /// `INSERT … VALUES (…), (…) ON CONFLICT … DO UPDATE` for `rows` compensation rows, parameters from `$first`.
 pub(crate) fn upsert_compensations_sql(rows: usize, first: usize) -> String {
-    let mut sql = format!("INSERT INTO {COMPENSATION_COLUMNS} VALUES ");
-    push_value_rows(&mut sql, rows, 6, Some(first));
-    sql.push_str(" ON CONFLICT (workflow_id, seq) DO UPDATE SET status = excluded.status");
-    sql
+    write_compensations_sql(rows, first, None)
+}
+
+/// [`upsert_compensations_sql`], or with `after` a plain insert made only if CTE `after` returned a row.
+fn write_compensations_sql(rows: usize, first: usize, after: Option<&str>) -> String {
+    let on_conflict = " ON CONFLICT (workflow_id, seq) DO UPDATE SET status = excluded.status";
+    write_rows_sql(COMPENSATION_COLUMNS, rows, 6, first, after, on_conflict)
 }
 
 /// Appends `rows` tuples of `cols` parameters: numbered from `first` (`$n`), or positional (`?`) without it.

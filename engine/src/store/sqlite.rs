@@ -137,7 +137,7 @@ impl Store for SqliteStore {
     /// One multi-statement query (one trip to the connection's worker thread instead of up to four); its rows
     /// tell whether the insert happened (`inserted`) and the fence's `notify`.
     async fn persist(&self, conn: &mut Conn<Self>, checkpoint: &Checkpoint<'_>) -> Result<Persisted> {
-        let (parts, _) = shared::checkpoint_statements(checkpoint, 1);
+        let (parts, _) = shared::checkpoint_statements(checkpoint, 1, false);
         if parts.is_empty() {
             return Ok(Persisted::Done { notify: false });
         }
@@ -167,7 +167,7 @@ impl Store for SqliteStore {
         _finished: bool,
     ) -> Result<Option<StatementOutcome>> {
         let args = phase.map_or(0, |p| p.phase.args.len());
-        let (parts, mut next) = shared::checkpoint_statements(checkpoint, args + 1);
+        let (parts, mut next) = shared::checkpoint_statements(checkpoint, args + 1, false);
         let check =
             |ok: &str, code: &str| format!("INSERT INTO onceflow_checks SELECT '{code}' WHERE NOT COALESCE({ok}, 0)");
         let mut sql = vec![format!("SAVEPOINT {SAVEPOINT}")];
@@ -204,7 +204,7 @@ impl Store for SqliteStore {
         }
         if !rows.is_empty() {
             // An intent's output is empty text: written, with no output.
-            sql.push(format!("SELECT {}", shared::phase_outputs(rows, false).join(", ")));
+            sql.push(format!("SELECT {}", shared::phase_outputs(rows).join(", ")));
         }
         sql.push(format!("RELEASE {SAVEPOINT}"));
         let q = shared::bind_statement!(sqlx::query(sqlx::AssertSqlSafe(sql.join(";\n"))), checkpoint, phase);
