@@ -36,6 +36,19 @@ impl<DB: Database> Held<DB> {
     /// A held connection, waiting for one when all are in use.
     pub(crate) async fn get(&self) -> Result<Writer<'_, DB>> {
         let permit = self.turn().await?;
+        self.take(permit).await
+    }
+
+    /// A held connection, or a connection from the pool when all held ones are in use: a write then waits only
+    /// when the whole pool is busy, never for a held connection while pool connections sit idle.
+    pub(crate) async fn get_or_pooled(&self) -> Result<Writer<'_, DB>> {
+        match self.permits.try_acquire() {
+            Ok(permit) => self.take(permit).await,
+            Err(_) => Ok(Writer::pooled(self.pool.acquire().await?)),
+        }
+    }
+
+    async fn take<'a>(&'a self, permit: SemaphorePermit<'a>) -> Result<Writer<'a, DB>> {
         let idle = self.idle.lock().map(|mut idle| idle.pop()).unwrap_or(None);
         let conn = match idle {
             Some(conn) => conn,
