@@ -25,6 +25,10 @@ struct Options {
     storm: u64,
     /// Run only the scenarios whose name starts with this (`library`, `http/sqlite`, …); the baselines always run.
     only: Option<String>,
+    /// Connections of the library scenarios' Postgres and MySQL pools (`serve` keeps its default).
+    pool: Option<u32>,
+    /// Times `floor_pay` and `library/postgres` run back to back, for the median of their paired ratios.
+    rounds: u64,
 }
 
 impl Options {
@@ -35,7 +39,15 @@ impl Options {
 
 fn options() -> anyhow::Result<Options> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let mut o = Options { concurrency: 16, count: 8000, duration: Duration::from_secs(60), storm: 1000, only: None };
+    let mut o = Options {
+        concurrency: 16,
+        count: 8000,
+        duration: Duration::from_secs(60),
+        storm: 1000,
+        only: None,
+        pool: None,
+        rounds: 1,
+    };
     let mut i = 0;
     while i < args.len() {
         let value = args.get(i + 1).and_then(|v| v.parse::<u64>().ok());
@@ -45,10 +57,12 @@ fn options() -> anyhow::Result<Options> {
             ("--duration-secs", Some(v)) => o.duration = Duration::from_secs(v.max(1)),
             ("--storm", Some(v)) => o.storm = v.max(1),
             ("--only", _) if i + 1 < args.len() => o.only = Some(args[i + 1].clone()),
+            ("--pool", Some(v)) => o.pool = Some(u32::try_from(v)?.max(2)),
+            ("--rounds", Some(v)) => o.rounds = v.max(1),
             ("--help" | "-h", _) => {
                 println!(
                     "onceflow-bench [--concurrency 16] [--count 8000] [--duration-secs 60] [--storm 1000] \
-                     [--only library|http|library/postgres|http/sqlite|…]"
+                     [--only library|http|library/postgres|http/sqlite|…] [--pool CONNECTIONS] [--rounds 1]"
                 );
                 std::process::exit(0);
             }
@@ -146,6 +160,9 @@ async fn seed_pg(url: &str, count: u64) -> anyhow::Result<()> {
     for sql in SEED_SQL {
         sqlx::query(sql).bind(i64::try_from(count)?).execute(&pool).await?;
     }
+    // As the baselines' `schema.sql` does after loading: the seeded rows then read as they would in a database
+    // that had been running (visibility known, statistics gathered) instead of freshly bulk-loaded.
+    sqlx::query("VACUUM ANALYZE").execute(&pool).await?;
     Ok(())
 }
 
@@ -358,6 +375,15 @@ fn print(runs: &[Run], seed: f64, floor: f64) {
     }
 }
 
+/// The payment service as a library on a fresh Postgres database.
+async fn library_pg(base: &str, pool_size: u32, o: &Options) -> anyhow::Result<Run> {
+    let url = fresh_db(base, "onceflow_bench_library")?;
+    let store = PgStore::connect(&url, pool_size).await?;
+    store.migrate().await?;
+    seed_pg(&url, o.count).await?;
+    library("library/postgres", store, o).await
+}
+
 /// Removes an SQLite database and its WAL files.
 fn remove_sqlite(path: &std::path::Path) {
     for suffix in ["", "-wal", "-shm"] {
@@ -376,14 +402,21 @@ async fn main() -> anyhow::Result<()> {
     let floor = pgbench(&base, "floor_pay.pgbench", o.concurrency, per_client)?;
     eprintln!("  seed_pay {seed:.0}/s, floor_pay {floor:.0}/s");
 
-    let pool_size = u32::try_from(o.concurrency)? + 4;
+    let pool_size = match o.pool {
+        Some(pool) => pool,
+        None => u32::try_from(o.concurrency)? + 4,
+    };
     let mut runs = Vec::new();
+    let mut paired = Vec::new();
     if o.wants("library/postgres") {
-        let url = fresh_db(&base, "onceflow_bench_library")?;
-        let store = PgStore::connect(&url, pool_size).await?;
-        store.migrate().await?;
-        seed_pg(&url, o.count).await?;
-        runs.push(library("library/postgres", store, &o).await?);
+        let run = library_pg(&base, pool_size, &o).await?;
+        paired.push(run.rate() / floor);
+        runs.push(run);
+        for round in 2..=o.rounds {
+            eprintln!("paired round {round}/{}: floor_pay, then library/postgres", o.rounds);
+            let floor = pgbench(&base, "floor_pay.pgbench", o.concurrency, per_client)?;
+            paired.push(library_pg(&base, pool_size, &o).await?.rate() / floor);
+        }
     }
 
     let mut stormed = Vec::new();
@@ -436,6 +469,16 @@ async fn main() -> anyhow::Result<()> {
     }
 
     print(&runs, seed, floor);
+    if paired.len() > 1 {
+        let shown: Vec<String> = paired.iter().map(|r| format!("{r:.2}")).collect();
+        paired.sort_by(f64::total_cmp);
+        println!(
+            "\nlibrary/postgres x floor_pay in {} paired rounds: {} (median {:.2})",
+            paired.len(),
+            shown.join(", "),
+            paired[paired.len() / 2]
+        );
+    }
     for (backend, (storm_time, storm_charges)) in stormed {
         println!(
             "\n{backend}: {} concurrent requests with one token: all answered identically in {:.0} ms, {} channel \
