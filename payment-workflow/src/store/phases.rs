@@ -95,11 +95,11 @@ pub(crate) fn reserve(
         PhaseStep::new(claim, format!("CASE WHEN {claimed} THEN 'true' ELSE 'false' END")),
         PhaseStep::new(insert, format!("CASE WHEN {inserted} THEN 'true' ELSE 'false' END")),
         PhaseStep::new(reserve, reservation).when(inserted),
-        PhaseStep::intent(charge).when(reserved),
+        PhaseStep::intent(charge).when(reserved.clone()),
     ];
     // An unknown order is not stored either: the token stays unbound (a start that is the workflow's first
-    // commit is refused).
-    let guard = format!("{claimed} AND {found}");
+    // commit is refused). A reserved order exists: the lookup is left for the payments that did not reserve.
+    let guard = format!("{claimed} AND ({reserved} OR {found})");
     StatementPhase::new(parts, args, steps).guard(guard, not_claimed)
 }
 
