@@ -25,6 +25,14 @@ pub fn fresh_db(base: &str, name: &str) -> anyhow::Result<String> {
     Ok(format!("{server}/{name}"))
 }
 
+/// A `CHECKPOINT` before a measured run, so that every run starts the same: the pages it touches first after a
+/// checkpoint are written to the WAL whole, and a checkpoint falling inside one run but not another would move
+/// their ratio.
+pub fn checkpoint(url: &str) -> anyhow::Result<()> {
+    run(Command::new("psql").args([url, "-qc", "CHECKPOINT"]))?;
+    Ok(())
+}
+
 /// Payments per second of `script` (`seed_pay.pgbench` or `floor_pay.pgbench`) with `clients` clients and
 /// `transactions` each, on a fresh database with the baseline schema.
 pub fn pgbench(base: &str, script: &str, clients: u64, transactions: u64) -> anyhow::Result<f64> {
@@ -33,6 +41,7 @@ pub fn pgbench(base: &str, script: &str, clients: u64, transactions: u64) -> any
     let schema = bench_dir().join("schema.sql");
     let n = clients * transactions;
     run(Command::new("psql").arg(&url).args(["-q", "-v", &format!("n={n}"), "-f"]).arg(schema))?;
+    checkpoint(&url)?;
     let out = run(Command::new("pgbench")
         .args(["-n", "-c", &clients.to_string(), "-j", "2", "-t", &transactions.to_string(), "-f"])
         .arg(bench_dir().join(script))

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use onceflow_engine::{EngineConfig, MySqlStore, PgStore, SqliteStore, Store};
 use onceflow_payments::{MockChannel, PayRequest, PaymentStore, Payments};
-use onceflow_tests::baseline::{fresh_db, pgbench};
+use onceflow_tests::baseline::{checkpoint, fresh_db, pgbench};
 
 struct Options {
     concurrency: u64,
@@ -161,8 +161,10 @@ async fn seed_pg(url: &str, count: u64) -> anyhow::Result<()> {
         sqlx::query(sql).bind(i64::try_from(count)?).execute(&pool).await?;
     }
     // As the baselines' `schema.sql` does after loading: the seeded rows then read as they would in a database
-    // that had been running (visibility known, statistics gathered) instead of freshly bulk-loaded.
+    // that had been running (visibility known, statistics gathered) instead of freshly bulk-loaded; and a
+    // checkpoint, as before each baseline run.
     sqlx::query("VACUUM ANALYZE").execute(&pool).await?;
+    checkpoint(url)?;
     Ok(())
 }
 
