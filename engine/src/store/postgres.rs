@@ -106,8 +106,9 @@ impl Store for PgStore {
         .await?)
     }
 
-    /// One statement: the workflow insert (first commit) and the step and compensation upserts ride as
-    /// data-modifying CTEs of the fence, or of a final check that the insert happened.
+    /// One statement: the workflow insert (first commit) and the step and compensation rows (upserts, or plain
+    /// inserts on the first commit) ride as data-modifying CTEs of the fence, or of a final check that the insert
+    /// happened.
     async fn persist(&self, conn: &mut Conn<Self>, checkpoint: &Checkpoint<'_>) -> Result<Persisted> {
         let fresh = checkpoint.insert.is_some() && checkpoint.fence.is_none();
         let (mut parts, _) = shared::checkpoint_statements(checkpoint, 1, fresh);
