@@ -219,6 +219,14 @@ pub struct Checkpoint<'a> {
     pub fence: Option<Fence<'a>>,
 }
 
+impl Checkpoint<'_> {
+    /// The workflow's first commit: it inserts the workflow row and has no fence, so no step or compensation
+    /// row of the workflow can exist yet.
+    pub(crate) fn is_first(&self) -> bool {
+        self.insert.is_some() && self.fence.is_none()
+    }
+}
+
 /// The fence of a commit: see [`Store::fence`].
 #[derive(Debug, Clone, Copy)]
 pub struct Fence<'a> {

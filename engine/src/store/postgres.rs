@@ -110,9 +110,8 @@ impl Store for PgStore {
     /// inserts on the first commit) ride as data-modifying CTEs of the fence, or of a final check that the insert
     /// happened.
     async fn persist(&self, conn: &mut Conn<Self>, checkpoint: &Checkpoint<'_>) -> Result<Persisted> {
-        let fresh = checkpoint.insert.is_some() && checkpoint.fence.is_none();
-        let (mut parts, _) = shared::checkpoint_statements(checkpoint, 1, fresh);
-        if fresh {
+        let (mut parts, _) = shared::checkpoint_statements(checkpoint, 1, true);
+        if checkpoint.is_first() {
             // `w0` is the insert: whether it wrote the row.
             parts.push("SELECT EXISTS (SELECT 1 FROM w0)".to_owned());
         }
@@ -145,8 +144,7 @@ impl Store for PgStore {
         finished: bool,
     ) -> Result<Option<StatementOutcome>> {
         let args = phase.map_or(0, |p| p.phase.args.len());
-        let fresh = checkpoint.insert.is_some() && checkpoint.fence.is_none();
-        let (parts, mut next) = shared::checkpoint_statements(checkpoint, args + 1, fresh);
+        let (parts, mut next) = shared::checkpoint_statements(checkpoint, args + 1, true);
         let mut ctes: Vec<String> = phase.map(|p| p.phase.ctes.clone()).unwrap_or_default();
         ctes.extend(parts.iter().enumerate().map(|(i, part)| format!("w{i} AS ({part})")));
         // The bookkeeping's own check: the fence (the last part) matched, or else the insert (the first) happened.
@@ -170,12 +168,14 @@ impl Store for PgStore {
                  FROM (VALUES {}) v (k, n, kind, status, a, o, fin, keep) WHERE v.keep{} RETURNING step_key, output)",
                 shared::STEP_COLUMNS,
                 values,
-                // A fresh workflow has no step rows yet (see `checkpoint_statements`).
-                if fresh { " AND EXISTS (SELECT 1 FROM w0)" } else { shared::STEPS_ON_CONFLICT }
+                // A workflow's first commit finds no step rows (see `checkpoint_statements`).
+                if checkpoint.is_first() { " AND EXISTS (SELECT 1 FROM w0)" } else { shared::STEPS_ON_CONFLICT }
             ));
-            // `phase_step_values` gives each row 6 parameters, its key first.
             outputs = (0..rows.len())
-                .map(|i| format!("max(CASE WHEN step_key = ${} THEN COALESCE(output, '') END)", first_key + 6 * i))
+                .map(|i| {
+                    let key = first_key + shared::PHASE_ROW_PARAMS * i;
+                    format!("max(CASE WHEN step_key = ${key} THEN COALESCE(output, '') END)")
+                })
                 .collect();
         }
         let notify = finished && checkpoint.fence.is_some();
@@ -197,8 +197,7 @@ impl Store for PgStore {
             sql.push_str(", (SELECT count(*) FROM n)");
         }
         if !outputs.is_empty() {
-            sql.push_str(", o.*");
-            sql.push_str(&format!(" FROM (SELECT {} FROM ws) o", outputs.join(", ")));
+            sql.push_str(&format!(", o.* FROM (SELECT {} FROM ws) o", outputs.join(", ")));
         }
         let mut q = shared::bind_statement!(sqlx::query(sqlx::AssertSqlSafe(sql)), checkpoint, phase);
         if notify {

@@ -66,13 +66,14 @@ pub(crate) const COMPENSATION_COLUMNS: &str =
 /// compensation upserts, the fence (`RETURNING notify`); and the next free parameter number. Postgres runs
 /// them as one statement of CTEs, SQLite as one multi-statement query.
 ///
-/// With `fresh` (Postgres, a commit that inserts its workflow: the insert is CTE `w0`), the step and
-/// compensation rows are plain inserts made only if `w0` wrote the row: a workflow that did not exist has none
-/// of them, so nothing can conflict, and Postgres skips the speculative insertion an upsert costs.
-pub(crate) fn checkpoint_statements(c: &super::Checkpoint<'_>, first: usize, fresh: bool) -> (Vec<String>, usize) {
+/// With `ctes` (Postgres, where the parts become CTEs `w0`, `w1`, …), a workflow's first commit (see
+/// [`super::Checkpoint::is_first`]) writes its step and compensation rows as plain inserts made only if the
+/// insert `w0` wrote the row: a workflow that did not exist has none of them, so nothing can conflict, and
+/// Postgres skips the speculative insertion an upsert costs.
+pub(crate) fn checkpoint_statements(c: &super::Checkpoint<'_>, first: usize, ctes: bool) -> (Vec<String>, usize) {
     let mut parts = Vec::new();
     let mut next = first;
-    let after = (fresh && c.insert.is_some()).then_some("w0");
+    let after = (ctes && c.is_first()).then_some("w0");
     if c.insert.is_some() {
         let mut sql = concat!("INSERT INTO ", workflow_columns!(), " VALUES ").to_owned();
         push_value_rows(&mut sql, 1, 14, Some(next));
@@ -94,6 +95,9 @@ pub(crate) fn checkpoint_statements(c: &super::Checkpoint<'_>, first: usize, fre
     }
     (parts, next)
 }
+
+/// Parameters per row of [`phase_step_values`], the row's key first.
+pub(crate) const PHASE_ROW_PARAMS: usize = 6;
 
 /// The `VALUES` rows of a statement phase's step rows, parameters from `next` (advanced past them): per row the
 /// key, name, kind, status, attempts, `(output)`, finished and `(keep)`, the columns Postgres names in
@@ -117,7 +121,7 @@ pub(crate) fn phase_step_values(rows: &[crate::phase::PhaseRow<'_>], next: &mut 
             i = cast("::int"),
             b = cast("::boolean"),
         ));
-        *next += 6;
+        *next += PHASE_ROW_PARAMS;
     }
     values.join(", ")
 }
