@@ -36,9 +36,14 @@ pub fn checkpoint(url: &str) -> anyhow::Result<()> {
 /// Payments per second of `script` (`seed_pay.pgbench` or `floor_pay.pgbench`) with `clients` clients and
 /// `transactions` each, on a fresh database with the baseline schema.
 pub fn pgbench(base: &str, script: &str, clients: u64, transactions: u64) -> anyhow::Result<f64> {
+    let schema = bench_dir().join("schema.sql");
+    anyhow::ensure!(
+        schema.exists() && bench_dir().join(script).exists(),
+        "no baselines in {}: set ONCEFLOW_BENCH_DIR to the folder of schema.sql and {script}",
+        bench_dir().display()
+    );
     let name = format!("onceflow_bench_{}", script.trim_end_matches(".pgbench"));
     let url = fresh_db(base, &name)?;
-    let schema = bench_dir().join("schema.sql");
     let n = clients * transactions;
     run(Command::new("psql").arg(&url).args(["-q", "-v", &format!("n={n}"), "-f"]).arg(schema))?;
     checkpoint(&url)?;
