@@ -37,10 +37,12 @@ pub struct WorkflowContext<S: Store> {
     history: HashMap<String, StepRecord>,
     tx: Option<Tx<S>>,
     pending_steps: Vec<StepRecord>,
-    pending_comps: Vec<CompensationRecord>,
-    /// Step keys whose compensation is registered (committed or pending).
-    registered: HashSet<String>,
-    next_seq: i32,
+    /// The workflow's compensations as this run sees them: the committed ones, and those registered (or whose
+    /// status changed) since. Each commit that changes them writes the whole list (the lease makes this run
+    /// its only writer).
+    comps: Vec<CompensationRecord>,
+    /// The compensations as last committed, which an aborted phase returns to.
+    committed_comps: Vec<CompensationRecord>,
     prefix: String,
     tx_attempts: HashMap<String, u32>,
     first_commit: Option<StartSignal>,
@@ -68,9 +70,8 @@ impl<S: Store> WorkflowContext<S> {
             history: steps.into_iter().map(|s| (s.step_key.clone(), s)).collect(),
             tx: None,
             pending_steps: Vec::new(),
-            pending_comps: Vec::new(),
-            registered: comps.iter().map(|c| c.step_key.clone()).collect(),
-            next_seq: comps.iter().map(|c| c.seq + 1).max().unwrap_or(0),
+            comps: comps.to_vec(),
+            committed_comps: comps.to_vec(),
             prefix: String::new(),
             tx_attempts: HashMap::new(),
             first_commit,
@@ -457,18 +458,18 @@ impl<S: Store> WorkflowContext<S> {
     }
 
     fn register_compensation(&mut self, key: &str, name: &str, input: &serde_json::Value) -> Result<(), Interrupt> {
-        if !self.registered.insert(key.to_owned()) {
+        if self.comps.iter().any(|c| c.step_key == key) {
             return Ok(());
         }
-        self.pending_comps.push(CompensationRecord {
+        let seq = self.comps.iter().map(|c| c.seq + 1).max().unwrap_or(0);
+        self.comps.push(CompensationRecord {
             workflow_id: self.workflow_id.clone(),
-            seq: self.next_seq,
+            seq,
             step_key: key.to_owned(),
             name: name.to_owned(),
             input: serde_json::to_string(input).map_err(|e| Interrupt::Engine(e.into()))?,
             status: compensation_status::REGISTERED.to_owned(),
         });
-        self.next_seq += 1;
         Ok(())
     }
 
@@ -483,9 +484,9 @@ impl<S: Store> WorkflowContext<S> {
 
     pub(crate) fn push_compensation_status(&mut self, mut comp: CompensationRecord, status: &str) {
         comp.status = status.to_owned();
-        match self.pending_comps.iter_mut().find(|c| c.seq == comp.seq) {
+        match self.comps.iter_mut().find(|c| c.seq == comp.seq) {
             Some(slot) => *slot = comp,
-            None => self.pending_comps.push(comp),
+            None => self.comps.push(comp),
         }
     }
 
@@ -515,12 +516,7 @@ impl<S: Store> WorkflowContext<S> {
             }
             keep
         });
-        for c in self.pending_comps.drain(..) {
-            if c.status == compensation_status::REGISTERED {
-                self.registered.remove(&c.step_key);
-                self.next_seq = self.next_seq.min(c.seq);
-            }
-        }
+        self.comps.clone_from(&self.committed_comps);
     }
 
     /// Commits the pending rows and `update` (and `phase`, if given) as one statement, where the store can and
@@ -555,14 +551,15 @@ impl<S: Store> WorkflowContext<S> {
     ) -> Checkpoint<'a> {
         let fence =
             inserting.is_none().then_some(Fence { workflow_id: &self.workflow_id, epoch: self.epoch, update, now });
-        Checkpoint { insert: inserting, steps: &self.pending_steps, compensations: &self.pending_comps, fence }
+        let compensations = (self.comps != self.committed_comps).then_some(&self.comps[..]);
+        Checkpoint { insert: inserting, steps: &self.pending_steps, compensations, fence }
     }
 
     /// After a commit: nothing is pending, and a start waiting for the first commit hears of it.
     fn committed(&mut self) {
         self.insert = None;
         self.pending_steps.clear();
-        self.pending_comps.clear();
+        self.committed_comps.clone_from(&self.comps);
         if let Some(started) = self.first_commit.take() {
             let _ = started.send(Ok(true));
         }

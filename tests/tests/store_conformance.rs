@@ -1,6 +1,8 @@
 //! The `Store` contract, run against every backend: what the engine relies on from each database.
 
-use onceflow_engine::{Checkpoint, Fence, Persisted, Reopen, StepRecord, WorkflowRecord, WorkflowUpdate, state};
+use onceflow_engine::{
+    Checkpoint, CompensationRecord, Fence, Persisted, Reopen, StepRecord, WorkflowRecord, WorkflowUpdate, state,
+};
 use onceflow_tests::{TestDb, on_every_backend};
 
 fn workflow(id: &str, owner: Option<&str>, lease_expires_at: Option<i64>, next_attempt_at: i64) -> WorkflowRecord {
@@ -55,15 +57,19 @@ async fn persist_inserts_once_then_fences<S: TestDb>(store: S) {
     let first = Checkpoint {
         insert: Some(&row),
         steps: &[step_row("w", "a", "completed", 1)],
-        compensations: &[],
+        compensations: None,
         fence: None,
     };
     let mut tx = store.begin().await.unwrap();
     assert_eq!(store.persist(&mut tx, &first).await.unwrap(), Persisted::Done { notify: false });
     tx.commit().await.unwrap();
     let other = workflow("w", Some("you"), Some(100), 0);
-    let second =
-        Checkpoint { insert: Some(&other), steps: &[step_row("w", "a", "failed", 1)], compensations: &[], fence: None };
+    let second = Checkpoint {
+        insert: Some(&other),
+        steps: &[step_row("w", "a", "failed", 1)],
+        compensations: None,
+        fence: None,
+    };
     let mut tx = store.begin().await.unwrap();
     assert_eq!(store.persist(&mut tx, &second).await.unwrap(), Persisted::Duplicate);
     tx.rollback().await.unwrap();
@@ -73,11 +79,54 @@ async fn persist_inserts_once_then_fences<S: TestDb>(store: S) {
     for (epoch, expected) in [(2, Persisted::LeaseLost), (1, Persisted::Done { notify: false })] {
         let fence = Some(Fence { workflow_id: "w", epoch, update: &update, now: 5 });
         let mut tx = store.begin().await.unwrap();
-        let done = store.persist(&mut tx, &Checkpoint { insert: None, steps: &[], compensations: &[], fence }).await;
+        let done = store.persist(&mut tx, &Checkpoint { insert: None, steps: &[], compensations: None, fence }).await;
         assert_eq!(done.unwrap(), expected, "epoch {epoch}");
         tx.commit().await.unwrap();
     }
     assert_eq!(store.workflow("w").await.unwrap().unwrap().state, state::COMPLETED);
+}
+
+fn compensation(seq: i32, status: &str) -> CompensationRecord {
+    CompensationRecord {
+        workflow_id: "w".to_owned(),
+        seq,
+        step_key: format!("step{seq}"),
+        name: "undo".to_owned(),
+        input: r#"{"note":"a \"quoted\" input"}"#.to_owned(),
+        status: status.to_owned(),
+    }
+}
+
+/// The compensation list is written with the workflow row: on its insert, then under the fence, whose lost
+/// lease leaves it as it was; an operator's retry of the compensations registers the failed ones again.
+async fn compensations_ride_with_the_workflow_row<S: TestDb>(store: S) {
+    let row = workflow("w", Some("me"), Some(100), 0);
+    let registered = [compensation(0, "registered"), compensation(1, "registered")];
+    let first = Checkpoint { insert: Some(&row), steps: &[], compensations: Some(&registered), fence: None };
+    let mut tx = store.begin().await.unwrap();
+    assert_eq!(store.persist(&mut tx, &first).await.unwrap(), Persisted::Done { notify: false });
+    tx.commit().await.unwrap();
+    assert_eq!(store.compensations("w").await.unwrap(), registered);
+    let update = WorkflowUpdate::default();
+    let changed = [compensation(0, "done"), compensation(1, "failed")];
+    for (epoch, expected, stored) in
+        [(2, Persisted::LeaseLost, &registered), (1, Persisted::Done { notify: false }, &changed)]
+    {
+        let fence = Some(Fence { workflow_id: "w", epoch, update: &update, now: 5 });
+        let commit = Checkpoint { insert: None, steps: &[], compensations: Some(&changed), fence };
+        let mut tx = store.begin().await.unwrap();
+        assert_eq!(store.persist(&mut tx, &commit).await.unwrap(), expected, "epoch {epoch}");
+        if expected == Persisted::LeaseLost {
+            tx.rollback().await.unwrap();
+        } else {
+            tx.commit().await.unwrap();
+        }
+        assert_eq!(store.compensations("w").await.unwrap(), stored, "epoch {epoch}");
+    }
+    store.reopen("w", &[state::RUNNING], Reopen::Compensation, None, 9).await.unwrap().unwrap();
+    let statuses: Vec<_> = store.compensations("w").await.unwrap().into_iter().map(|c| c.status).collect();
+    assert_eq!(statuses, ["done", "registered"]);
+    assert!(store.compensations("missing").await.unwrap().is_empty());
 }
 
 async fn steps_upsert_by_key<S: TestDb>(store: S) {
@@ -162,4 +211,5 @@ on_every_backend!(
     the_fence_checks_the_epoch,
     claims_only_due_and_unleased,
     lists_notifies_and_reopens,
+    compensations_ride_with_the_workflow_row,
 );

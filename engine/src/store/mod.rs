@@ -10,6 +10,7 @@ use serde::Serialize;
 use crate::error::Result;
 use crate::phase::{PhaseCommit, StatementOutcome};
 
+mod compensations;
 mod group_commit;
 mod held;
 mod mysql;
@@ -213,15 +214,15 @@ pub struct Checkpoint<'a> {
     pub insert: Option<&'a WorkflowRecord>,
     /// Step rows to insert or replace.
     pub steps: &'a [StepRecord],
-    /// Compensation rows to insert or replace.
-    pub compensations: &'a [CompensationRecord],
+    /// The workflow's whole compensation list, when this commit changes it (kept in the workflow's row).
+    pub compensations: Option<&'a [CompensationRecord]>,
     /// The fence, unless the transaction inserted the workflow row itself and changes nothing on it.
     pub fence: Option<Fence<'a>>,
 }
 
 impl Checkpoint<'_> {
-    /// The workflow's first commit: it inserts the workflow row and has no fence, so no step or compensation
-    /// row of the workflow can exist yet.
+    /// The workflow's first commit: it inserts the workflow row and has no fence, so no step row of the
+    /// workflow can exist yet.
     pub(crate) fn is_first(&self) -> bool {
         self.insert.is_some() && self.fence.is_none()
     }
@@ -288,10 +289,11 @@ pub trait Store: Clone + Send + Sync + 'static {
     /// Inserts or replaces step rows.
     fn write_steps(&self, conn: &mut Conn<Self>, steps: &[StepRecord]) -> impl Future<Output = Result<()>> + Send;
 
-    /// Inserts or replaces compensation rows.
+    /// Replaces the workflow's compensation list (kept in its row).
     fn write_compensations(
         &self,
         conn: &mut Conn<Self>,
+        workflow_id: &str,
         comps: &[CompensationRecord],
     ) -> impl Future<Output = Result<()>> + Send;
 
@@ -307,7 +309,8 @@ pub trait Store: Clone + Send + Sync + 'static {
     ) -> impl Future<Output = Result<Option<bool>>> + Send;
 
     /// Writes a commit's bookkeeping inside its transaction: the workflow row (on its first commit), step
-    /// rows, compensation rows, and (when given) the fence. Backends may do it in one round trip.
+    /// rows, the compensation list if it changed, and (when given) the fence. Backends may do it in one round
+    /// trip.
     fn persist(
         &self,
         conn: &mut Conn<Self>,
@@ -320,7 +323,11 @@ pub trait Store: Clone + Send + Sync + 'static {
                 return Ok(Persisted::Duplicate);
             }
             self.write_steps(conn, checkpoint.steps).await?;
-            self.write_compensations(conn, checkpoint.compensations).await?;
+            let workflow =
+                checkpoint.fence.map(|f| f.workflow_id).or(checkpoint.insert.map(|w| w.workflow_id.as_str()));
+            if let (Some(comps), Some(workflow)) = (checkpoint.compensations, workflow) {
+                self.write_compensations(conn, workflow, comps).await?;
+            }
             Ok(match &checkpoint.fence {
                 Some(f) => match self.fence(conn, f.workflow_id, f.epoch, f.update, f.now).await? {
                     Some(notify) => Persisted::Done { notify },

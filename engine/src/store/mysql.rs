@@ -35,7 +35,7 @@ const FENCE: &str = "UPDATE workflows SET state = COALESCE(?, state), output = C
     next_attempt_at = COALESCE(?, next_attempt_at), updated_at = ? WHERE workflow_id = ? AND lease_epoch = ?";
 const SELECT_WORKFLOW: &str = "SELECT * FROM workflows WHERE workflow_id = ?";
 const SELECT_STEPS: &str = "SELECT * FROM workflow_steps WHERE workflow_id = ? ORDER BY started_at, step_key";
-const SELECT_COMPENSATIONS: &str = "SELECT * FROM workflow_compensations WHERE workflow_id = ? ORDER BY seq";
+const SELECT_COMPENSATIONS: &str = "SELECT compensations FROM workflows WHERE workflow_id = ?";
 const HEARTBEAT: &str = "UPDATE workflows SET lease_expires_at = ? \
     WHERE lease_owner = ? AND state IN ('running', 'compensating') AND lease_expires_at > ?";
 const RELEASE: &str = "UPDATE workflows SET lease_owner = NULL, lease_expires_at = NULL, next_attempt_at = ?, \
@@ -153,14 +153,14 @@ impl Store for MySqlStore {
         Ok(())
     }
 
-    async fn write_compensations(&self, conn: &mut Conn<Self>, comps: &[CompensationRecord]) -> Result<()> {
-        if comps.is_empty() {
-            return Ok(());
-        }
-        let mut sql = format!("INSERT INTO {} VALUES ", shared::COMPENSATION_COLUMNS);
-        shared::push_value_rows(&mut sql, comps.len(), 6, None);
-        sql.push_str(" ON DUPLICATE KEY UPDATE status = VALUES(status)");
-        shared::bind_compensations!(sqlx::query(sqlx::AssertSqlSafe(sql)), comps).execute(&mut *conn).await?;
+    async fn write_compensations(
+        &self,
+        conn: &mut Conn<Self>,
+        workflow_id: &str,
+        comps: &[CompensationRecord],
+    ) -> Result<()> {
+        let q = sqlx::query("UPDATE workflows SET compensations = ? WHERE workflow_id = ?");
+        q.bind(super::compensations::encode(comps)).bind(workflow_id).execute(&mut *conn).await?;
         Ok(())
     }
 
@@ -204,7 +204,9 @@ impl Store for MySqlStore {
     }
 
     async fn compensations(&self, workflow_id: &str) -> Result<Vec<CompensationRecord>> {
-        Ok(sqlx::query_as(SELECT_COMPENSATIONS).bind(workflow_id).fetch_all(&self.pool).await?)
+        let q = sqlx::query_scalar(SELECT_COMPENSATIONS).bind(workflow_id);
+        let stored: Option<Option<String>> = q.fetch_optional(&self.pool).await?;
+        super::compensations::decode(workflow_id, stored.flatten().as_deref())
     }
 
     async fn claim_due(&self, owner: &str, now: i64, lease_until: i64, limit: i64) -> Result<Vec<WorkflowRecord>> {
@@ -278,31 +280,36 @@ impl Store for MySqlStore {
         now: i64,
     ) -> Result<Option<WorkflowRecord>> {
         let mut tx = self.begin().await?;
-        let current: Option<String> =
-            sqlx::query_scalar("SELECT state FROM workflows WHERE workflow_id = ? FOR UPDATE")
+        let current: Option<(String, Option<String>)> =
+            sqlx::query_as("SELECT state, compensations FROM workflows WHERE workflow_id = ? FOR UPDATE")
                 .bind(workflow_id)
                 .fetch_optional(&mut *tx)
                 .await?;
-        let Some(current) = current else {
+        let Some((current, comps)) = current else {
             return Err(crate::Error::NotFound(workflow_id.to_owned()));
         };
         if !from_states.contains(&current.as_str()) {
             return Ok(None);
         }
-        let (new_state, clear_error, cleanup) = shared::reopen_plan(how);
-        for sql in cleanup {
+        let plan = shared::reopen_plan(how);
+        for sql in plan.cleanup {
             sqlx::query(sqlx::AssertSqlSafe(sql.replace("$1", "?"))).bind(workflow_id).execute(&mut *tx).await?;
         }
+        let comps = match plan.reset_compensations {
+            true => Some(super::compensations::reset_failed(workflow_id, comps.as_deref())?),
+            false => None,
+        };
         sqlx::query(
             "UPDATE workflows SET state = ?, error = CASE WHEN ? THEN NULL ELSE COALESCE(?, error) END, \
              lease_owner = NULL, lease_expires_at = NULL, lease_epoch = lease_epoch + 1, \
-             next_attempt_at = ?, updated_at = ? WHERE workflow_id = ?",
+             next_attempt_at = ?, updated_at = ?, compensations = COALESCE(?, compensations) WHERE workflow_id = ?",
         )
-        .bind(new_state)
-        .bind(clear_error)
+        .bind(plan.state)
+        .bind(plan.clear_error)
         .bind(error)
         .bind(now)
         .bind(now)
+        .bind(comps)
         .bind(workflow_id)
         .execute(&mut *tx)
         .await?;

@@ -54,7 +54,8 @@ impl PgStore {
         Self { held: (held > 0).then(|| Arc::new(Held::new(pool.clone(), held))), pool }
     }
 
-    const SELECT_STATE_FOR_UPDATE: &str = "SELECT state FROM workflows WHERE workflow_id = $1 FOR UPDATE";
+    const SELECT_STATE_FOR_UPDATE: &str =
+        "SELECT state, compensations FROM workflows WHERE workflow_id = $1 FOR UPDATE";
 }
 
 impl Store for PgStore {
@@ -106,8 +107,8 @@ impl Store for PgStore {
         .await?)
     }
 
-    /// One statement: the workflow insert (first commit) and the step and compensation rows (upserts, or plain
-    /// inserts on the first commit) ride as data-modifying CTEs of the fence, or of a final check that the insert
+    /// One statement: the workflow insert (first commit) and the step rows (upserts, or plain inserts on the
+    /// first commit) ride as data-modifying CTEs of the fence, or of a final check that the insert
     /// happened.
     async fn persist(&self, conn: &mut Conn<Self>, checkpoint: &Checkpoint<'_>) -> Result<Persisted> {
         let (mut parts, _) = shared::checkpoint_statements(checkpoint, 1, true);

@@ -2,14 +2,21 @@
 //! and bind orders MySQL shares with them.
 //! Expanded once per backend by `shared_store_methods!`, so each backend's `Store` impl stays concrete.
 
-/// Columns of `workflows`, in the order of [`super::WorkflowRecord`] and [`bind_workflow`].
-macro_rules! workflow_columns {
+/// The columns of a [`super::WorkflowRecord`], in the order [`bind_workflow`] binds them.
+macro_rules! workflow_fields {
     () => {
-        "workflows (workflow_id, name, input, input_hash, state, output, error, lease_owner, lease_expires_at, \
-         lease_epoch, next_attempt_at, notify, created_at, updated_at)"
+        "workflow_id, name, input, input_hash, state, output, error, lease_owner, lease_expires_at, \
+         lease_epoch, next_attempt_at, notify, created_at, updated_at"
     };
 }
-pub(crate) use workflow_columns;
+
+/// `workflows` with the columns of a [`super::WorkflowRecord`].
+macro_rules! workflow_columns {
+    () => {
+        concat!("workflows (", $crate::store::shared::workflow_fields!(), ")")
+    };
+}
+pub(crate) use {workflow_columns, workflow_fields};
 
 /// Inserts a workflow unless its id exists.
 pub(crate) const INSERT_WORKFLOW: &str = concat!(
@@ -18,8 +25,9 @@ pub(crate) const INSERT_WORKFLOW: &str = concat!(
     " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14) ON CONFLICT (workflow_id) DO NOTHING"
 );
 
-/// The fence: applies a [`super::WorkflowUpdate`] only while `lease_epoch` is still the committer's. Parameters
-/// from `$first`: workflow_id, epoch, state, output, error, release_until, now.
+/// The fence: applies a [`super::WorkflowUpdate`] (and a new compensation list, if given) only while
+/// `lease_epoch` is still the committer's. Parameters from `$first`: workflow_id, epoch, state, output, error,
+/// release_until, now, compensations.
 pub(crate) fn fence_sql(first: usize) -> String {
     let p = |i: usize| format!("${}", first + i);
     format!(
@@ -27,8 +35,8 @@ pub(crate) fn fence_sql(first: usize) -> String {
          error = COALESCE({e}, error), \
          lease_owner = CASE WHEN {r} IS NULL THEN lease_owner ELSE NULL END, \
          lease_expires_at = CASE WHEN {r} IS NULL THEN lease_expires_at ELSE NULL END, \
-         next_attempt_at = COALESCE({r}, next_attempt_at), updated_at = {n} \
-         WHERE workflow_id = {id} AND lease_epoch = {ep} RETURNING notify",
+         next_attempt_at = COALESCE({r}, next_attempt_at), updated_at = {n}, \
+         compensations = COALESCE({c}, compensations) WHERE workflow_id = {id} AND lease_epoch = {ep} RETURNING notify",
         id = p(0),
         ep = p(1),
         s = p(2),
@@ -36,14 +44,15 @@ pub(crate) fn fence_sql(first: usize) -> String {
         e = p(4),
         r = p(5),
         n = p(6),
+        c = p(7),
     )
 }
 
 pub(crate) const SELECT_WORKFLOW: &str = "SELECT * FROM workflows WHERE workflow_id = $1";
 pub(crate) const SELECT_STEPS: &str =
     "SELECT * FROM workflow_steps WHERE workflow_id = $1 ORDER BY started_at, step_key";
-pub(crate) const SELECT_COMPENSATIONS: &str =
-    "SELECT * FROM workflow_compensations WHERE workflow_id = $1 ORDER BY seq";
+pub(crate) const SELECT_COMPENSATIONS: &str = "SELECT compensations FROM workflows WHERE workflow_id = $1";
+pub(crate) const WRITE_COMPENSATIONS: &str = "UPDATE workflows SET compensations = $2 WHERE workflow_id = $1";
 pub(crate) const HEARTBEAT: &str = "UPDATE workflows SET lease_expires_at = $2 \
     WHERE lease_owner = $1 AND state IN ('running', 'compensating') AND lease_expires_at > $3";
 pub(crate) const RELEASE: &str = "UPDATE workflows SET lease_owner = NULL, lease_expires_at = NULL, \
@@ -57,41 +66,34 @@ pub(crate) const LIST: &str = "SELECT * FROM workflows WHERE ($1 IS NULL OR stat
 /// Columns of `workflow_steps`, in the order [`bind_steps`] binds them.
 pub(crate) const STEP_COLUMNS: &str =
     "workflow_steps (workflow_id, step_key, step_name, kind, status, attempts, output, error, started_at, finished_at)";
-/// Columns of `workflow_compensations`, in the order [`bind_compensations`] binds them.
-pub(crate) const COMPENSATION_COLUMNS: &str =
-    "workflow_compensations (workflow_id, seq, step_key, name, input, status)";
 
 /// A checkpoint's statements, parameters numbered from `$first` across all of them in the order
-/// [`bind_checkpoint`] binds: the workflow insert (`RETURNING 1 AS inserted`), the step upserts, the
-/// compensation upserts, the fence (`RETURNING notify`); and the next free parameter number. Postgres runs
-/// them as one statement of CTEs, SQLite as one multi-statement query.
+/// [`bind_checkpoint`] binds: the workflow insert with its compensations (`RETURNING 1 AS inserted`), the step
+/// upserts, the fence with the compensations if they changed (`RETURNING notify`); and the next free parameter
+/// number. Postgres runs them as one statement of CTEs, SQLite as one multi-statement query.
 ///
 /// With `ctes` (Postgres, where the parts become CTEs `w0`, `w1`, …), a workflow's first commit (see
-/// [`super::Checkpoint::is_first`]) writes its step and compensation rows as plain inserts made only if the
-/// insert `w0` wrote the row: a workflow that did not exist has none of them, so nothing can conflict, and
-/// Postgres skips the speculative insertion an upsert costs.
+/// [`super::Checkpoint::is_first`]) writes its step rows as plain inserts made only if the insert `w0` wrote the
+/// row: a workflow that did not exist has none of them, so nothing can conflict, and Postgres skips the
+/// speculative insertion an upsert costs.
 pub(crate) fn checkpoint_statements(c: &super::Checkpoint<'_>, first: usize, ctes: bool) -> (Vec<String>, usize) {
     let mut parts = Vec::new();
     let mut next = first;
     let after = (ctes && c.is_first()).then_some("w0");
     if c.insert.is_some() {
-        let mut sql = concat!("INSERT INTO ", workflow_columns!(), " VALUES ").to_owned();
-        push_value_rows(&mut sql, 1, 14, Some(next));
+        let mut sql = concat!("INSERT INTO workflows (", workflow_fields!(), ", compensations) VALUES ").to_owned();
+        push_value_rows(&mut sql, 1, 15, Some(next));
         sql.push_str(" ON CONFLICT (workflow_id) DO NOTHING RETURNING 1 AS inserted");
         parts.push(sql);
-        next += 14;
+        next += 15;
     }
     if !c.steps.is_empty() {
         parts.push(write_steps_sql(c.steps.len(), next, after));
         next += c.steps.len() * 10;
     }
-    if !c.compensations.is_empty() {
-        parts.push(write_compensations_sql(c.compensations.len(), next, after));
-        next += c.compensations.len() * 6;
-    }
     if c.fence.is_some() {
         parts.push(fence_sql(next));
-        next += 7;
+        next += 8;
     }
     (parts, next)
 }
@@ -160,23 +162,43 @@ pub(crate) fn phase_outputs(rows: &[crate::phase::PhaseRow<'_>]) -> Vec<String> 
         .collect()
 }
 
-/// What an operator action does to a workflow: its new state, whether its error is cleared, and the cleanup
-/// statements to run first (one parameter, the workflow id, written `$1`).
-pub(crate) fn reopen_plan(how: super::Reopen) -> (&'static str, bool, &'static [&'static str]) {
+/// What an operator action does to a workflow.
+pub(crate) struct ReopenPlan {
+    /// The workflow's new state.
+    pub(crate) state: &'static str,
+    /// Whether its error is cleared.
+    pub(crate) clear_error: bool,
+    /// Statements to run first (one parameter, the workflow id, written `$1`).
+    pub(crate) cleanup: &'static [&'static str],
+    /// Whether failed compensations are registered again (see [`super::compensations::reset_failed`]).
+    pub(crate) reset_compensations: bool,
+}
+
+/// The [`ReopenPlan`] of `how`.
+pub(crate) fn reopen_plan(how: super::Reopen) -> ReopenPlan {
     use super::{Reopen, state};
+    let plan = |state, clear_error, cleanup, reset_compensations| ReopenPlan {
+        state,
+        clear_error,
+        cleanup,
+        reset_compensations,
+    };
     match how {
-        Reopen::Forward => {
-            (state::RUNNING, true, &["DELETE FROM workflow_steps WHERE workflow_id = $1 AND status = 'failed'"])
-        }
-        Reopen::Compensation => (
+        Reopen::Forward => plan(
+            state::RUNNING,
+            true,
+            &["DELETE FROM workflow_steps WHERE workflow_id = $1 AND status = 'failed'"],
+            false,
+        ),
+        Reopen::Compensation => plan(
             state::COMPENSATING,
             false,
             &[
-                "UPDATE workflow_compensations SET status = 'registered' WHERE workflow_id = $1 AND status = 'failed'",
                 "DELETE FROM workflow_steps WHERE workflow_id = $1 AND status = 'failed' AND step_key LIKE 'compensate/%'",
             ],
+            true,
         ),
-        Reopen::Cancel => (state::COMPENSATING, false, &[]),
+        Reopen::Cancel => plan(state::COMPENSATING, false, &[], false),
     }
 }
 
@@ -218,17 +240,6 @@ pub(crate) const STEPS_ON_CONFLICT: &str = " ON CONFLICT (workflow_id, step_key)
     step_name = excluded.step_name, kind = excluded.kind, status = excluded.status, attempts = excluded.attempts, \
     output = excluded.output, error = excluded.error, started_at = excluded.started_at, \
     finished_at = excluded.finished_at";
-
-/// `INSERT … VALUES (…), (…) ON CONFLICT … DO UPDATE` for `rows` compensation rows, parameters from `$first`.
-pub(crate) fn upsert_compensations_sql(rows: usize, first: usize) -> String {
-    write_compensations_sql(rows, first, None)
-}
-
-/// [`upsert_compensations_sql`], or with `after` a plain insert made only if CTE `after` returned a row.
-fn write_compensations_sql(rows: usize, first: usize, after: Option<&str>) -> String {
-    let on_conflict = " ON CONFLICT (workflow_id, seq) DO UPDATE SET status = excluded.status";
-    write_rows_sql(COMPENSATION_COLUMNS, rows, 6, first, after, on_conflict)
-}
 
 /// Appends `rows` tuples of `cols` parameters: numbered from `first` (`$n`), or positional (`?`) without it.
 pub(crate) fn push_value_rows(sql: &mut String, rows: usize, cols: usize, first: Option<usize>) {
@@ -289,20 +300,10 @@ macro_rules! bind_steps {
     }};
 }
 
-/// Binds compensation rows in the column order of [`upsert_compensations_sql`].
-macro_rules! bind_compensations {
-    ($q:expr, $comps:expr) => {{
-        let mut q = $q;
-        for c in $comps {
-            q = q.bind(&c.workflow_id).bind(c.seq).bind(&c.step_key).bind(&c.name).bind(&c.input).bind(&c.status);
-        }
-        q
-    }};
-}
-
-/// Binds a fence in the parameter order of [`fence_sql`].
+/// Binds a fence in the parameter order of [`fence_sql`]; `$comps` is the new compensation list as stored,
+/// if it changes.
 macro_rules! bind_fence {
-    ($q:expr, $workflow_id:expr, $epoch:expr, $update:expr, $now:expr) => {
+    ($q:expr, $workflow_id:expr, $epoch:expr, $update:expr, $now:expr, $comps:expr) => {
         $q.bind($workflow_id)
             .bind($epoch)
             .bind($update.state)
@@ -310,6 +311,7 @@ macro_rules! bind_fence {
             .bind(&$update.error)
             .bind($update.release_until)
             .bind($now)
+            .bind($comps)
     };
 }
 
@@ -317,13 +319,14 @@ macro_rules! bind_fence {
 macro_rules! bind_checkpoint {
     ($q:expr, $c:expr) => {{
         let c = $c;
+        let comps = c.compensations.map(super::compensations::encode);
         let q = match c.insert {
-            Some(row) => shared::bind_workflow!($q, row),
+            Some(row) => shared::bind_workflow!($q, row).bind(comps.clone().unwrap_or_else(|| "[]".to_owned())),
             None => $q,
         };
-        let q = shared::bind_compensations!(shared::bind_steps!(q, c.steps), c.compensations);
+        let q = shared::bind_steps!(q, c.steps);
         match &c.fence {
-            Some(f) => shared::bind_fence!(q, f.workflow_id, f.epoch, f.update, f.now),
+            Some(f) => shared::bind_fence!(q, f.workflow_id, f.epoch, f.update, f.now, comps),
             None => q,
         }
     }};
@@ -373,12 +376,15 @@ macro_rules! shared_store_methods {
             Ok(())
         }
 
-        async fn write_compensations(&self, conn: &mut Conn<Self>, comps: &[CompensationRecord]) -> Result<()> {
-            if comps.is_empty() {
-                return Ok(());
-            }
-            let sql = shared::upsert_compensations_sql(comps.len(), 1);
-            shared::bind_compensations!(sqlx::query(sqlx::AssertSqlSafe(sql)), comps).execute(&mut *conn).await?;
+        async fn write_compensations(
+            &self,
+            conn: &mut Conn<Self>,
+            workflow_id: &str,
+            comps: &[CompensationRecord],
+        ) -> Result<()> {
+            let q =
+                sqlx::query(shared::WRITE_COMPENSATIONS).bind(workflow_id).bind(super::compensations::encode(comps));
+            q.execute(&mut *conn).await?;
             Ok(())
         }
 
@@ -391,8 +397,8 @@ macro_rules! shared_store_methods {
             now: i64,
         ) -> Result<Option<bool>> {
             let q = sqlx::query_scalar(sqlx::AssertSqlSafe(shared::fence_sql(1)));
-            let notify: Option<bool> =
-                shared::bind_fence!(q, workflow_id, epoch, update, now).fetch_optional(&mut *conn).await?;
+            let q = shared::bind_fence!(q, workflow_id, epoch, update, now, None::<String>);
+            let notify: Option<bool> = q.fetch_optional(&mut *conn).await?;
             Ok(notify)
         }
 
@@ -405,7 +411,9 @@ macro_rules! shared_store_methods {
         }
 
         async fn compensations(&self, workflow_id: &str) -> Result<Vec<CompensationRecord>> {
-            Ok(sqlx::query_as(shared::SELECT_COMPENSATIONS).bind(workflow_id).fetch_all(&self.pool).await?)
+            let q = sqlx::query_scalar(shared::SELECT_COMPENSATIONS).bind(workflow_id);
+            let stored: Option<Option<String>> = q.fetch_optional(&self.pool).await?;
+            super::compensations::decode(workflow_id, stored.flatten().as_deref())
         }
 
         async fn heartbeat(&self, owner: &str, lease_until: i64, now: i64) -> Result<u64> {
@@ -446,28 +454,34 @@ macro_rules! shared_store_methods {
             now: i64,
         ) -> Result<Option<WorkflowRecord>> {
             let mut tx = self.begin().await?;
-            let current: Option<String> =
-                sqlx::query_scalar(Self::SELECT_STATE_FOR_UPDATE).bind(workflow_id).fetch_optional(&mut *tx).await?;
-            let Some(current) = current else {
+            let current: Option<(String, Option<String>)> =
+                sqlx::query_as(Self::SELECT_STATE_FOR_UPDATE).bind(workflow_id).fetch_optional(&mut *tx).await?;
+            let Some((current, comps)) = current else {
                 return Err(crate::Error::NotFound(workflow_id.to_owned()));
             };
             if !from_states.contains(&current.as_str()) {
                 return Ok(None);
             }
-            let (new_state, clear_error, cleanup) = shared::reopen_plan(how);
-            for sql in cleanup {
+            let plan = shared::reopen_plan(how);
+            for sql in plan.cleanup {
                 sqlx::query(*sql).bind(workflow_id).execute(&mut *tx).await?;
             }
+            let comps = match plan.reset_compensations {
+                true => Some(super::compensations::reset_failed(workflow_id, comps.as_deref())?),
+                false => None,
+            };
             let row: WorkflowRecord = sqlx::query_as(
                 "UPDATE workflows SET state = $2, error = CASE WHEN $3 THEN NULL ELSE COALESCE($4, error) END, \
                  lease_owner = NULL, lease_expires_at = NULL, lease_epoch = lease_epoch + 1, \
-                 next_attempt_at = $5, updated_at = $5 WHERE workflow_id = $1 RETURNING *",
+                 next_attempt_at = $5, updated_at = $5, compensations = COALESCE($6, compensations) \
+                 WHERE workflow_id = $1 RETURNING *",
             )
             .bind(workflow_id)
-            .bind(new_state)
-            .bind(clear_error)
+            .bind(plan.state)
+            .bind(plan.clear_error)
             .bind(error)
             .bind(now)
+            .bind(comps)
             .fetch_one(&mut *tx)
             .await?;
             tx.commit().await?;
@@ -476,15 +490,13 @@ macro_rules! shared_store_methods {
     };
 }
 
-pub(crate) use {
-    bind_checkpoint, bind_compensations, bind_fence, bind_statement, bind_steps, bind_workflow, shared_store_methods,
-};
+pub(crate) use {bind_checkpoint, bind_fence, bind_statement, bind_steps, bind_workflow, shared_store_methods};
 
 #[cfg(test)]
 mod tests {
     #[test]
     fn value_rows_number_parameters_in_order() {
-        let sql = super::upsert_compensations_sql(2, 1);
-        assert!(sql.contains("VALUES ($1, $2, $3, $4, $5, $6), ($7, $8, $9, $10, $11, $12) ON CONFLICT"));
+        let sql = super::upsert_steps_sql(2, 1);
+        assert!(sql.contains("VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10), ($11, $12, $13, $14, $15"));
     }
 }

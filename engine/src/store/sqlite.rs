@@ -70,7 +70,7 @@ impl SqliteStore {
         Self { group: GroupCommit::start(held.clone()), held, writer: pool.clone(), pool }
     }
 
-    const SELECT_STATE_FOR_UPDATE: &str = "SELECT state FROM workflows WHERE workflow_id = $1";
+    const SELECT_STATE_FOR_UPDATE: &str = "SELECT state, compensations FROM workflows WHERE workflow_id = $1";
 }
 
 /// Where a statement phase's SQL on SQLite records what its statements did (a temporary table of the writer's
