@@ -19,13 +19,12 @@ struct Stored<S> {
 }
 
 /// The stored form of `comps`.
-pub(crate) fn encode(comps: &[CompensationRecord]) -> String {
+pub(crate) fn encode(comps: &[CompensationRecord]) -> Result<String> {
     let stored: Vec<Stored<&str>> = comps
         .iter()
         .map(|c| Stored { seq: c.seq, step_key: &*c.step_key, name: &*c.name, input: &*c.input, status: &*c.status })
         .collect();
-    // Strings and integers only: serializing cannot fail.
-    serde_json::to_string(&stored).unwrap_or_else(|_| "[]".to_owned())
+    Ok(serde_json::to_string(&stored)?)
 }
 
 /// The compensations of workflow `workflow_id` from their stored form (none for `NULL`), in registration order.
@@ -53,7 +52,7 @@ pub(crate) fn reset_failed(workflow_id: &str, stored: Option<&str>) -> Result<St
     for c in comps.iter_mut().filter(|c| c.status == compensation_status::FAILED) {
         compensation_status::REGISTERED.clone_into(&mut c.status);
     }
-    Ok(encode(&comps))
+    encode(&comps)
 }
 
 #[cfg(test)]
@@ -74,14 +73,14 @@ mod tests {
     #[test]
     fn a_list_reads_back_as_written_in_registration_order() {
         let comps = vec![comp(1, "done"), comp(0, "registered")];
-        let back = decode("w", Some(&encode(&comps))).unwrap();
+        let back = decode("w", Some(&encode(&comps).unwrap())).unwrap();
         assert_eq!(back, vec![comps[1].clone(), comps[0].clone()]);
         assert!(decode("w", None).unwrap().is_empty());
     }
 
     #[test]
     fn a_retry_registers_failed_compensations_again() {
-        let stored = encode(&[comp(0, "done"), comp(1, "failed")]);
+        let stored = encode(&[comp(0, "done"), comp(1, "failed")]).unwrap();
         let back = decode("w", Some(&reset_failed("w", Some(&stored)).unwrap())).unwrap();
         assert_eq!(back.iter().map(|c| c.status.as_str()).collect::<Vec<_>>(), ["done", "registered"]);
     }

@@ -226,6 +226,11 @@ impl Checkpoint<'_> {
     pub(crate) fn is_first(&self) -> bool {
         self.insert.is_some() && self.fence.is_none()
     }
+
+    /// The workflow committed: the fence's, or the inserted row's.
+    pub(crate) fn workflow_id(&self) -> Option<&str> {
+        self.fence.map(|f| f.workflow_id).or(self.insert.map(|w| w.workflow_id.as_str()))
+    }
 }
 
 /// The fence of a commit: see [`Store::fence`].
@@ -323,9 +328,7 @@ pub trait Store: Clone + Send + Sync + 'static {
                 return Ok(Persisted::Duplicate);
             }
             self.write_steps(conn, checkpoint.steps).await?;
-            let workflow =
-                checkpoint.fence.map(|f| f.workflow_id).or(checkpoint.insert.map(|w| w.workflow_id.as_str()));
-            if let (Some(comps), Some(workflow)) = (checkpoint.compensations, workflow) {
+            if let (Some(comps), Some(workflow)) = (checkpoint.compensations, checkpoint.workflow_id()) {
                 self.write_compensations(conn, workflow, comps).await?;
             }
             Ok(match &checkpoint.fence {

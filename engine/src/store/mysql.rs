@@ -160,7 +160,7 @@ impl Store for MySqlStore {
         comps: &[CompensationRecord],
     ) -> Result<()> {
         let q = sqlx::query("UPDATE workflows SET compensations = ? WHERE workflow_id = ?");
-        q.bind(super::compensations::encode(comps)).bind(workflow_id).execute(&mut *conn).await?;
+        q.bind(super::compensations::encode(comps)?).bind(workflow_id).execute(&mut *conn).await?;
         Ok(())
     }
 

@@ -177,28 +177,24 @@ pub(crate) struct ReopenPlan {
 /// The [`ReopenPlan`] of `how`.
 pub(crate) fn reopen_plan(how: super::Reopen) -> ReopenPlan {
     use super::{Reopen, state};
-    let plan = |state, clear_error, cleanup, reset_compensations| ReopenPlan {
-        state,
-        clear_error,
-        cleanup,
-        reset_compensations,
-    };
     match how {
-        Reopen::Forward => plan(
-            state::RUNNING,
-            true,
-            &["DELETE FROM workflow_steps WHERE workflow_id = $1 AND status = 'failed'"],
-            false,
-        ),
-        Reopen::Compensation => plan(
-            state::COMPENSATING,
-            false,
-            &[
+        Reopen::Forward => ReopenPlan {
+            state: state::RUNNING,
+            clear_error: true,
+            cleanup: &["DELETE FROM workflow_steps WHERE workflow_id = $1 AND status = 'failed'"],
+            reset_compensations: false,
+        },
+        Reopen::Compensation => ReopenPlan {
+            state: state::COMPENSATING,
+            clear_error: false,
+            cleanup: &[
                 "DELETE FROM workflow_steps WHERE workflow_id = $1 AND status = 'failed' AND step_key LIKE 'compensate/%'",
             ],
-            true,
-        ),
-        Reopen::Cancel => plan(state::COMPENSATING, false, &[], false),
+            reset_compensations: true,
+        },
+        Reopen::Cancel => {
+            ReopenPlan { state: state::COMPENSATING, clear_error: false, cleanup: &[], reset_compensations: false }
+        }
     }
 }
 
@@ -209,28 +205,12 @@ pub(crate) fn upsert_steps_sql(rows: usize, first: usize) -> String {
 
 /// [`upsert_steps_sql`], or with `after` a plain insert made only if CTE `after` returned a row.
 fn write_steps_sql(rows: usize, first: usize, after: Option<&str>) -> String {
-    write_rows_sql(STEP_COLUMNS, rows, 10, first, after, STEPS_ON_CONFLICT)
-}
-
-/// `INSERT INTO {columns}` of `rows` rows of `cols` parameters from `$first`: an upsert (`on_conflict`), or with
-/// `after` a plain insert made only if CTE `after` returned a row.
-fn write_rows_sql(
-    columns: &str,
-    rows: usize,
-    cols: usize,
-    first: usize,
-    after: Option<&str>,
-    on_conflict: &str,
-) -> String {
-    let mut sql = format!("INSERT INTO {columns} ");
-    match after {
-        Some(_) => sql.push_str("SELECT * FROM (VALUES "),
-        None => sql.push_str("VALUES "),
-    }
-    push_value_rows(&mut sql, rows, cols, Some(first));
+    let mut sql = format!("INSERT INTO {STEP_COLUMNS} ");
+    sql.push_str(if after.is_some() { "SELECT * FROM (VALUES " } else { "VALUES " });
+    push_value_rows(&mut sql, rows, 10, Some(first));
     match after {
         Some(after) => sql.push_str(&format!(") v WHERE EXISTS (SELECT 1 FROM {after})")),
-        None => sql.push_str(on_conflict),
+        None => sql.push_str(STEPS_ON_CONFLICT),
     }
     sql
 }
@@ -319,7 +299,7 @@ macro_rules! bind_fence {
 macro_rules! bind_checkpoint {
     ($q:expr, $c:expr) => {{
         let c = $c;
-        let comps = c.compensations.map(super::compensations::encode);
+        let comps = c.compensations.map(super::compensations::encode).transpose()?;
         let q = match c.insert {
             Some(row) => shared::bind_workflow!($q, row).bind(comps.clone().unwrap_or_else(|| "[]".to_owned())),
             None => $q,
@@ -345,8 +325,7 @@ macro_rules! bind_statement {
             };
         }
         let mut q = shared::bind_checkpoint!(q, checkpoint);
-        let id = checkpoint.fence.map(|f| f.workflow_id).or(checkpoint.insert.map(|w| w.workflow_id.as_str()));
-        q = q.bind(id).bind(phase.map_or(0, |p| p.now));
+        q = q.bind(checkpoint.workflow_id()).bind(phase.map_or(0, |p| p.now));
         for r in phase.map_or(&[][..], |p| p.rows) {
             q = q.bind(&r.key).bind(r.name).bind(r.kind).bind(r.status).bind(r.attempts).bind(r.finished);
         }
@@ -383,7 +362,7 @@ macro_rules! shared_store_methods {
             comps: &[CompensationRecord],
         ) -> Result<()> {
             let q =
-                sqlx::query(shared::WRITE_COMPENSATIONS).bind(workflow_id).bind(super::compensations::encode(comps));
+                sqlx::query(shared::WRITE_COMPENSATIONS).bind(workflow_id).bind(super::compensations::encode(comps)?);
             q.execute(&mut *conn).await?;
             Ok(())
         }
