@@ -1,15 +1,16 @@
 #!/usr/bin/env python3
 """What SQLite itself costs for a payment, without onceflow or any thread hand-off.
 
-The two transactions a payment commits on SQLite (phase 1: token, record, order, workflow row, 4 step rows,
-4 compensation rows; phase 2: order, record, token, 2 step rows, workflow), on onceflow's SQLite schema, WAL
+The two transactions a payment commits on SQLite (phase 1: token, record, order, workflow row with its 4
+compensations, 4 step rows; phase 2: order, record, token, 2 step rows, workflow), on onceflow's SQLite schema, WAL
 and `synchronous = FULL`, one connection in a loop. With `--per-commit N`, N payments' phases share one
 commit, each in a savepoint (what group commit would do). README "Benchmark" quotes these.
 
-    python3 tests/benches/sqlite_floor.py                    # ~1,450 payments/s on the 2-core dev machine
-    python3 tests/benches/sqlite_floor.py --per-commit 8     # ~5,200 payments/s
+    python3 tests/benches/sqlite_floor.py                    # ~1,450–1,850 payments/s on the 2-core dev machine
+    python3 tests/benches/sqlite_floor.py --per-commit 8     # ~5,200–6,800 payments/s
 """
 import argparse
+import json
 import os
 import shutil
 import sqlite3
@@ -49,6 +50,12 @@ def main():
             c.execute("COMMIT")
             c.execute("BEGIN IMMEDIATE")
         wf, body = f"payment:tok{n}", "y" * 300
+        compensations = json.dumps(
+            [
+                {"seq": seq, "step_key": name, "name": name, "input": "null", "status": "registered"}
+                for seq, name in enumerate(["store_response", "fail_record", "release_order", "refund"])
+            ]
+        )
         c.execute(begin)
         c.execute(
             "UPDATE idempotency_tokens SET state = 'in_use', fingerprint = 'f', route = '/v1/payments', "
@@ -64,17 +71,13 @@ def main():
             (f"o{n}",),
         )
         c.execute(
-            "INSERT INTO workflows VALUES (?, 'payment', ?, 'h', 'running', NULL, NULL, 'owner', 2, 1, 1, 0, 1, 1)",
-            (wf, "x" * 300),
+            "INSERT INTO workflows VALUES (?, 'payment', ?, 'h', 'running', NULL, NULL, 'owner', 2, 1, 1, 0, 1, 1, ?)",
+            (wf, "x" * 300, compensations),
         )
         for key in ["claim_token", "insert_record", "reserve_status", "call_channel"]:
             c.execute(
                 "INSERT INTO workflow_steps VALUES (?, ?, ?, 'transactional', 'completed', 1, 'true', NULL, 1, 1)",
                 (wf, key, key),
-            )
-        for seq, name in enumerate(["store_response", "fail_record", "release_order", "refund"]):
-            c.execute(
-                "INSERT INTO workflow_compensations VALUES (?, ?, ?, ?, 'null', 'registered')", (wf, seq, name, name)
             )
         c.execute(end)
         c.execute(begin)
