@@ -1,20 +1,24 @@
 //! Group commit for SQLite's single writer: the one-call commits that queue while a transaction runs share the
-//! next one, each inside a savepoint, so that a commit's fsync and page writes serve many workflows.
+//! next one, so that a commit's fsync and page writes serve many workflows.
 //!
-//! A commit is answered only after the transaction holding it committed. One whose call fails (a check that
-//! did not hold, or any error) is rolled back to its savepoint alone; a transaction whose `COMMIT` fails
-//! answers every commit in it with that failure.
+//! A commit is answered only after the transaction holding it committed. The group first runs its commits one
+//! after another as they are; should one fail (a check that did not hold, or any error), the transaction is
+//! rolled back and the group runs again with each commit in a savepoint, where the one that fails is rolled
+//! back alone (the writer was held throughout, so the others find what they found the first time). A
+//! savepoint costs a copy of each page a commit touches (SQLite's sub-journal), which the common case, where
+//! every commit holds, does without. A transaction whose `COMMIT` fails answers every commit in it with that
+//! failure.
 
 use std::sync::Arc;
 
-use sqlx::Sqlite;
 use sqlx::sqlite::{SqliteArguments, SqliteRow};
+use sqlx::{SqlSafeStr, Sqlite};
 use tokio::sync::{mpsc, oneshot};
 
-use super::held::Held;
+use super::held::{Held, Writer};
 
-/// The savepoint around each commit in a group: its SQL begins with `SAVEPOINT` and ends with `RELEASE` of it.
-pub(crate) const SAVEPOINT: &str = "onceflow_commit";
+/// The savepoint around each commit of a group that runs again.
+const SAVEPOINT: &str = "onceflow_commit";
 
 /// Most commits one transaction takes.
 const MAX_GROUP: usize = 32;
@@ -23,8 +27,21 @@ type Rows = std::result::Result<Vec<SqliteRow>, sqlx::Error>;
 
 /// One commit waiting for its group.
 struct Job {
-    query: sqlx::query::Query<'static, Sqlite, SqliteArguments>,
+    sql: Arc<str>,
+    args: SqliteArguments,
     reply: oneshot::Sender<Rows>,
+}
+
+impl Job {
+    /// The commit's query, as it is or inside [`SAVEPOINT`].
+    fn query(&self, savepoint: bool) -> sqlx::query::Query<'static, Sqlite, SqliteArguments> {
+        let sql = if savepoint {
+            sqlx::AssertSqlSafe(format!("SAVEPOINT {SAVEPOINT};\n{};\nRELEASE {SAVEPOINT}", self.sql)).into_sql_str()
+        } else {
+            sqlx::AssertSqlSafe(self.sql.clone()).into_sql_str()
+        };
+        sqlx::query_with(sql, self.args.clone())
+    }
 }
 
 /// The queue of a store's group committer (a task that lives as long as the queue has senders).
@@ -41,10 +58,14 @@ impl GroupCommit {
         Self { jobs }
     }
 
-    /// Runs `query` (wrapped in [`SAVEPOINT`]) in the next group; its rows once the group committed.
-    pub(crate) async fn commit(&self, query: sqlx::query::Query<'static, Sqlite, SqliteArguments>) -> Rows {
+    /// Runs `query` (which must not end or roll back the transaction) in the next group; its rows once the
+    /// group committed.
+    pub(crate) async fn commit(&self, mut query: sqlx::query::Query<'static, Sqlite, SqliteArguments>) -> Rows {
+        use sqlx::Execute;
+        let args = query.take_arguments().map_err(sqlx::Error::Encode)?.unwrap_or_default();
         let (reply, answer) = oneshot::channel();
-        self.jobs.send(Job { query, reply }).map_err(|_| sqlx::Error::PoolClosed)?;
+        let sql = Arc::from(query.sql().as_str());
+        self.jobs.send(Job { sql, args, reply }).map_err(|_| sqlx::Error::PoolClosed)?;
         answer.await.map_err(|_| sqlx::Error::WorkerCrashed)?
     }
 }
@@ -68,42 +89,68 @@ async fn commit_group(held: &Held<Sqlite>, group: Vec<Job>) {
         Ok(writer) => writer,
         Err(e) => return fail(group.into_iter().map(|j| j.reply), &e.to_string()),
     };
-    writer.set_open(true);
-    let begun = sqlx::query("BEGIN IMMEDIATE").execute(&mut *writer).await;
-    if let Err(e) = writer.check(begun) {
-        // SQLite leaves no transaction open when `BEGIN` fails.
-        writer.set_open(false);
+    if let Err(e) = begin(&mut writer).await {
         return fail(group.into_iter().map(|j| j.reply), &e.to_string());
     }
     let mut answers = Vec::with_capacity(group.len());
-    let mut jobs = group.into_iter();
-    while let Some(job) = jobs.next() {
-        let rows = job.query.fetch_all(&mut *writer).await;
-        let rows = writer.check(rows);
-        if rows.is_err() {
-            let undo = format!("ROLLBACK TO {SAVEPOINT}; RELEASE {SAVEPOINT}");
-            let undone = sqlx::query(sqlx::AssertSqlSafe(undo)).execute(&mut *writer).await;
-            if let Err(e) = writer.check(undone) {
-                // This commit cannot be undone alone: none of the group is kept.
-                let _ = sqlx::query("ROLLBACK").execute(&mut *writer).await;
-                writer.set_open(false);
-                let replies = answers.into_iter().map(|(reply, _)| reply);
-                return fail(replies.chain([job.reply]).chain(jobs.map(|j| j.reply)), &e.to_string());
-            }
+    for job in &group {
+        let rows = job.query(false).fetch_all(&mut *writer).await;
+        match writer.check(rows) {
+            Ok(rows) => answers.push(Ok(rows)),
+            Err(_) => break,
         }
-        answers.push((job.reply, rows));
+    }
+    if answers.len() < group.len() {
+        // One failed: run the group again, each commit in a savepoint. (Were the transaction not rolled back,
+        // the connection is closed when dropped, which rolls it back.)
+        let rolled_back = sqlx::query("ROLLBACK").execute(&mut *writer).await;
+        if let Err(e) = writer.check(rolled_back) {
+            return fail(group.into_iter().map(|j| j.reply), &e.to_string());
+        }
+        writer.set_open(false);
+        if let Err(e) = begin(&mut writer).await {
+            return fail(group.into_iter().map(|j| j.reply), &e.to_string());
+        }
+        answers.clear();
+        for job in &group {
+            let rows = job.query(true).fetch_all(&mut *writer).await;
+            let rows = writer.check(rows);
+            if rows.is_err() {
+                let undo = format!("ROLLBACK TO {SAVEPOINT}; RELEASE {SAVEPOINT}");
+                let undone = sqlx::query(sqlx::AssertSqlSafe(undo)).execute(&mut *writer).await;
+                if let Err(e) = writer.check(undone) {
+                    // This commit cannot be undone alone: none of the group is kept.
+                    let _ = sqlx::query("ROLLBACK").execute(&mut *writer).await;
+                    writer.set_open(false);
+                    return fail(group.into_iter().map(|j| j.reply), &e.to_string());
+                }
+            }
+            answers.push(rows);
+        }
     }
     let committed = sqlx::query("COMMIT").execute(&mut *writer).await;
     if let Err(e) = writer.check(committed) {
         let _ = sqlx::query("ROLLBACK").execute(&mut *writer).await;
         writer.set_open(false);
-        return fail(answers.into_iter().map(|(reply, _)| reply), &e.to_string());
+        return fail(group.into_iter().map(|j| j.reply), &e.to_string());
     }
     writer.set_open(false);
     drop(writer);
-    for (reply, rows) in answers {
-        let _ = reply.send(rows);
+    for (job, rows) in group.into_iter().zip(answers) {
+        let _ = job.reply.send(rows);
     }
+}
+
+/// `BEGIN IMMEDIATE` on the writer, marked open until the group ends; after a failure no transaction is open
+/// (SQLite leaves none).
+async fn begin(writer: &mut Writer<'_, Sqlite>) -> Result<(), sqlx::Error> {
+    writer.set_open(true);
+    let begun = sqlx::query("BEGIN IMMEDIATE").execute(&mut **writer).await;
+    let begun = writer.check(begun);
+    if begun.is_err() {
+        writer.set_open(false);
+    }
+    begun.map(drop)
 }
 
 /// Answers every commit in `replies` with a failure of their transaction.

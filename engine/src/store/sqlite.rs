@@ -9,7 +9,7 @@ use std::time::Duration;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{Row, Sqlite};
 
-use super::group_commit::{GroupCommit, SAVEPOINT};
+use super::group_commit::GroupCommit;
 use super::held::Held;
 use super::{
     Checkpoint, CompensationRecord, Conn, Listener, Persisted, Reopen, StepRecord, Store, Tx, WorkflowRecord,
@@ -155,11 +155,11 @@ impl Store for SqliteStore {
         })
     }
 
-    /// One multi-statement call to the writer's thread inside a savepoint of a group commit (see
+    /// One multi-statement call to the writer's thread inside a group commit (see
     /// `GroupCommit`): the phase's statements, the bookkeeping, the phase's step rows and the outputs, where a
     /// transaction of closure steps costs a hand-off per statement and the writer waits through each. A check
     /// that fails (fence, insert, guard) inserts its code into `onceflow_checks`, whose triggers raise it
-    /// (migration 0004), and the commit is rolled back to its savepoint.
+    /// (migration 0004), and the commit is undone alone.
     async fn commit_statement(
         &self,
         checkpoint: &Checkpoint<'_>,
@@ -170,7 +170,7 @@ impl Store for SqliteStore {
         let (parts, mut next) = shared::checkpoint_statements(checkpoint, args + 1, false);
         let check =
             |ok: &str, code: &str| format!("INSERT INTO onceflow_checks SELECT '{code}' WHERE NOT COALESCE({ok}, 0)");
-        let mut sql = vec![format!("SAVEPOINT {SAVEPOINT}")];
+        let mut sql = Vec::new();
         if let Some(p) = phase {
             sql.push(format!("CREATE TEMP TABLE IF NOT EXISTS {PHASE_FLAGS} (flag TEXT PRIMARY KEY)"));
             sql.push(format!("DELETE FROM {PHASE_FLAGS}"));
@@ -206,7 +206,6 @@ impl Store for SqliteStore {
             // An intent's output is empty text: written, with no output.
             sql.push(format!("SELECT {}", shared::phase_outputs(rows).join(", ")));
         }
-        sql.push(format!("RELEASE {SAVEPOINT}"));
         let q = shared::bind_statement!(sqlx::query(sqlx::AssertSqlSafe(sql.join(";\n"))), checkpoint, phase);
         match self.group.commit(q).await {
             Ok(found) => {
