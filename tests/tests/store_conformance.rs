@@ -41,10 +41,10 @@ fn step_row(id: &str, key: &str, status: &str, started_at: i64) -> StepRecord {
 
 async fn insert_is_unique<S: TestDb>(store: S) {
     let mut tx = store.begin().await.unwrap();
-    assert!(store.insert_workflow(&mut tx, &workflow("w", Some("me"), Some(100), 0)).await.unwrap());
+    assert!(store.insert_workflow(&mut tx, &workflow("w", Some("me"), Some(100), 0), &[]).await.unwrap());
     tx.commit().await.unwrap();
     let mut tx = store.begin().await.unwrap();
-    assert!(!store.insert_workflow(&mut tx, &workflow("w", Some("you"), Some(100), 0)).await.unwrap());
+    assert!(!store.insert_workflow(&mut tx, &workflow("w", Some("you"), Some(100), 0), &[]).await.unwrap());
     tx.commit().await.unwrap();
     assert_eq!(store.workflow("w").await.unwrap().unwrap().lease_owner.as_deref(), Some("me"));
     assert_eq!(store.workflow("nope").await.unwrap(), None);
@@ -131,7 +131,7 @@ async fn compensations_ride_with_the_workflow_row<S: TestDb>(store: S) {
 
 async fn steps_upsert_by_key<S: TestDb>(store: S) {
     let mut tx = store.begin().await.unwrap();
-    store.insert_workflow(&mut tx, &workflow("w", Some("me"), Some(100), 0)).await.unwrap();
+    store.insert_workflow(&mut tx, &workflow("w", Some("me"), Some(100), 0), &[]).await.unwrap();
     store.write_steps(&mut tx, &[step_row("w", "a", "started", 1), step_row("w", "b", "completed", 2)]).await.unwrap();
     tx.commit().await.unwrap();
     let mut tx = store.begin().await.unwrap();
@@ -144,7 +144,7 @@ async fn steps_upsert_by_key<S: TestDb>(store: S) {
 
 async fn the_fence_checks_the_epoch<S: TestDb>(store: S) {
     let mut tx = store.begin().await.unwrap();
-    store.insert_workflow(&mut tx, &workflow("w", Some("me"), Some(100), 0)).await.unwrap();
+    store.insert_workflow(&mut tx, &workflow("w", Some("me"), Some(100), 0), &[]).await.unwrap();
     tx.commit().await.unwrap();
     let done = WorkflowUpdate {
         state: Some(state::COMPLETED),
@@ -153,8 +153,8 @@ async fn the_fence_checks_the_epoch<S: TestDb>(store: S) {
         ..Default::default()
     };
     let mut tx = store.begin().await.unwrap();
-    assert_eq!(store.fence(&mut tx, "w", 2, &done, 5).await.unwrap(), None, "a stale epoch is refused");
-    assert_eq!(store.fence(&mut tx, "w", 1, &done, 5).await.unwrap(), Some(false));
+    assert_eq!(store.fence(&mut tx, "w", 2, &done, 5, None).await.unwrap(), None, "a stale epoch is refused");
+    assert_eq!(store.fence(&mut tx, "w", 1, &done, 5, None).await.unwrap(), Some(false));
     tx.commit().await.unwrap();
     let row = store.workflow("w").await.unwrap().unwrap();
     assert_eq!((row.state.as_str(), row.output.as_deref(), row.lease_owner), (state::COMPLETED, Some("7"), None));
@@ -162,10 +162,10 @@ async fn the_fence_checks_the_epoch<S: TestDb>(store: S) {
 
 async fn claims_only_due_and_unleased<S: TestDb>(store: S) {
     let mut tx = store.begin().await.unwrap();
-    store.insert_workflow(&mut tx, &workflow("leased", Some("other"), Some(1_000), 0)).await.unwrap();
-    store.insert_workflow(&mut tx, &workflow("expired", Some("other"), Some(50), 0)).await.unwrap();
-    store.insert_workflow(&mut tx, &workflow("later", None, None, 5_000)).await.unwrap();
-    store.insert_workflow(&mut tx, &workflow("free", None, None, 10)).await.unwrap();
+    store.insert_workflow(&mut tx, &workflow("leased", Some("other"), Some(1_000), 0), &[]).await.unwrap();
+    store.insert_workflow(&mut tx, &workflow("expired", Some("other"), Some(50), 0), &[]).await.unwrap();
+    store.insert_workflow(&mut tx, &workflow("later", None, None, 5_000), &[]).await.unwrap();
+    store.insert_workflow(&mut tx, &workflow("free", None, None, 10), &[]).await.unwrap();
     tx.commit().await.unwrap();
     let mut claimed: Vec<_> = store.claim_due("me", 100, 200, 10).await.unwrap();
     claimed.sort_by(|a, b| a.workflow_id.cmp(&b.workflow_id));
@@ -184,8 +184,8 @@ async fn claims_only_due_and_unleased<S: TestDb>(store: S) {
 
 async fn lists_notifies_and_reopens<S: TestDb>(store: S) {
     let mut tx = store.begin().await.unwrap();
-    store.insert_workflow(&mut tx, &workflow("one", Some("me"), Some(100), 1)).await.unwrap();
-    store.insert_workflow(&mut tx, &workflow("two", Some("me"), Some(100), 2)).await.unwrap();
+    store.insert_workflow(&mut tx, &workflow("one", Some("me"), Some(100), 1), &[]).await.unwrap();
+    store.insert_workflow(&mut tx, &workflow("two", Some("me"), Some(100), 2), &[]).await.unwrap();
     tx.commit().await.unwrap();
     let all: Vec<_> = store.list(None, None, 10).await.unwrap().into_iter().map(|w| w.workflow_id).collect();
     assert_eq!(all, ["two", "one"], "newest first");

@@ -288,22 +288,21 @@ pub trait Store: Clone + Send + Sync + 'static {
     /// Begins a write transaction (SQLite: `BEGIN IMMEDIATE`, so it never has to upgrade a read lock).
     fn begin(&self) -> impl Future<Output = Result<Tx<Self>>> + Send;
 
-    /// Inserts a new workflow, already leased to its starter. `false` when the id exists.
-    fn insert_workflow(&self, conn: &mut Conn<Self>, wf: &WorkflowRecord) -> impl Future<Output = Result<bool>> + Send;
+    /// Inserts a new workflow, already leased to its starter, with its compensation list. `false` when the id
+    /// exists.
+    fn insert_workflow(
+        &self,
+        conn: &mut Conn<Self>,
+        wf: &WorkflowRecord,
+        compensations: &[CompensationRecord],
+    ) -> impl Future<Output = Result<bool>> + Send;
 
     /// Inserts or replaces step rows.
     fn write_steps(&self, conn: &mut Conn<Self>, steps: &[StepRecord]) -> impl Future<Output = Result<()>> + Send;
 
-    /// Replaces the workflow's compensation list (kept in its row).
-    fn write_compensations(
-        &self,
-        conn: &mut Conn<Self>,
-        workflow_id: &str,
-        comps: &[CompensationRecord],
-    ) -> impl Future<Output = Result<()>> + Send;
-
-    /// The fence of every commit: applies `update` only if the workflow's `lease_epoch` is still `epoch`.
-    /// Returns `None` when the lease was lost, else whether a waiter elsewhere asked to be notified.
+    /// The fence of every commit: applies `update`, and replaces the compensation list (kept in the workflow's
+    /// row) when `compensations` is given, only if the workflow's `lease_epoch` is still `epoch`. Returns `None`
+    /// when the lease was lost, else whether a waiter elsewhere asked to be notified.
     fn fence(
         &self,
         conn: &mut Conn<Self>,
@@ -311,6 +310,7 @@ pub trait Store: Clone + Send + Sync + 'static {
         epoch: i64,
         update: &WorkflowUpdate,
         now: i64,
+        compensations: Option<&[CompensationRecord]>,
     ) -> impl Future<Output = Result<Option<bool>>> + Send;
 
     /// Writes a commit's bookkeeping inside its transaction: the workflow row (on its first commit), step
@@ -322,17 +322,15 @@ pub trait Store: Clone + Send + Sync + 'static {
         checkpoint: &Checkpoint<'_>,
     ) -> impl Future<Output = Result<Persisted>> + Send {
         async move {
+            let comps = checkpoint.compensations;
             if let Some(row) = checkpoint.insert
-                && !self.insert_workflow(conn, row).await?
+                && !self.insert_workflow(conn, row, comps.unwrap_or_default()).await?
             {
                 return Ok(Persisted::Duplicate);
             }
             self.write_steps(conn, checkpoint.steps).await?;
-            if let (Some(comps), Some(workflow)) = (checkpoint.compensations, checkpoint.workflow_id()) {
-                self.write_compensations(conn, workflow, comps).await?;
-            }
             Ok(match &checkpoint.fence {
-                Some(f) => match self.fence(conn, f.workflow_id, f.epoch, f.update, f.now).await? {
+                Some(f) => match self.fence(conn, f.workflow_id, f.epoch, f.update, f.now, comps).await? {
                     Some(notify) => Persisted::Done { notify },
                     None => Persisted::LeaseLost,
                 },

@@ -28,11 +28,12 @@ const SESSION: [&str; 2] =
     ["SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED", "SET SESSION innodb_lock_wait_timeout = 10"];
 
 const INSERT_WORKFLOW: &str =
-    concat!("INSERT INTO ", shared::workflow_columns!(), " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)");
+    concat!("INSERT INTO ", shared::workflow_columns!(), " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)");
 const FENCE: &str = "UPDATE workflows SET state = COALESCE(?, state), output = COALESCE(?, output), \
     error = COALESCE(?, error), lease_owner = CASE WHEN ? IS NULL THEN lease_owner ELSE NULL END, \
     lease_expires_at = CASE WHEN ? IS NULL THEN lease_expires_at ELSE NULL END, \
-    next_attempt_at = COALESCE(?, next_attempt_at), updated_at = ? WHERE workflow_id = ? AND lease_epoch = ?";
+    next_attempt_at = COALESCE(?, next_attempt_at), updated_at = ?, compensations = COALESCE(?, compensations) \
+    WHERE workflow_id = ? AND lease_epoch = ?";
 const SELECT_WORKFLOW: &str = "SELECT * FROM workflows WHERE workflow_id = ?";
 const SELECT_STEPS: &str = "SELECT * FROM workflow_steps WHERE workflow_id = ? ORDER BY started_at, step_key";
 const SELECT_COMPENSATIONS: &str = "SELECT compensations FROM workflows WHERE workflow_id = ?";
@@ -130,8 +131,14 @@ impl Store for MySqlStore {
         Ok(self.pool.begin().await?)
     }
 
-    async fn insert_workflow(&self, conn: &mut Conn<Self>, wf: &WorkflowRecord) -> Result<bool> {
-        match shared::bind_workflow!(sqlx::query(INSERT_WORKFLOW), wf).execute(&mut *conn).await {
+    async fn insert_workflow(
+        &self,
+        conn: &mut Conn<Self>,
+        wf: &WorkflowRecord,
+        compensations: &[CompensationRecord],
+    ) -> Result<bool> {
+        let q = shared::bind_workflow!(sqlx::query(INSERT_WORKFLOW), wf);
+        match q.bind(super::compensations::encode(compensations)?).execute(&mut *conn).await {
             Ok(_) => Ok(true),
             Err(e) if duplicate(&e) => Ok(false),
             Err(e) => Err(e.into()),
@@ -153,17 +160,6 @@ impl Store for MySqlStore {
         Ok(())
     }
 
-    async fn write_compensations(
-        &self,
-        conn: &mut Conn<Self>,
-        workflow_id: &str,
-        comps: &[CompensationRecord],
-    ) -> Result<()> {
-        let q = sqlx::query("UPDATE workflows SET compensations = ? WHERE workflow_id = ?");
-        q.bind(super::compensations::encode(comps)?).bind(workflow_id).execute(&mut *conn).await?;
-        Ok(())
-    }
-
     /// Rows matched, not rows changed, decide: the lease is ours exactly when the row with our epoch exists.
     /// Whether a waiter asked for a notification is not read: MySQL has no channel to send it on.
     async fn fence(
@@ -173,8 +169,10 @@ impl Store for MySqlStore {
         epoch: i64,
         update: &WorkflowUpdate,
         now: i64,
+        compensations: Option<&[CompensationRecord]>,
     ) -> Result<Option<bool>> {
         let release = update.release_until;
+        let comps = compensations.map(super::compensations::encode).transpose()?;
         let done = sqlx::query(FENCE)
             .bind(update.state)
             .bind(&update.output)
@@ -183,6 +181,7 @@ impl Store for MySqlStore {
             .bind(release)
             .bind(release)
             .bind(now)
+            .bind(comps)
             .bind(workflow_id)
             .bind(epoch)
             .execute(&mut *conn)

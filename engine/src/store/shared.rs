@@ -10,19 +10,19 @@ macro_rules! workflow_fields {
     };
 }
 
-/// `workflows` with the columns of a [`super::WorkflowRecord`].
+/// `workflows` with the columns of a [`super::WorkflowRecord`] and the compensation list, as inserted.
 macro_rules! workflow_columns {
     () => {
-        concat!("workflows (", $crate::store::shared::workflow_fields!(), ")")
+        concat!("workflows (", $crate::store::shared::workflow_fields!(), ", compensations)")
     };
 }
 pub(crate) use {workflow_columns, workflow_fields};
 
-/// Inserts a workflow unless its id exists.
+/// Inserts a workflow, with its compensation list (`$15`), unless its id exists.
 pub(crate) const INSERT_WORKFLOW: &str = concat!(
     "INSERT INTO ",
     workflow_columns!(),
-    " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14) ON CONFLICT (workflow_id) DO NOTHING"
+    " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15) ON CONFLICT (workflow_id) DO NOTHING"
 );
 
 /// The fence: applies a [`super::WorkflowUpdate`] (and a new compensation list, if given) only while
@@ -52,7 +52,6 @@ pub(crate) const SELECT_WORKFLOW: &str = "SELECT * FROM workflows WHERE workflow
 pub(crate) const SELECT_STEPS: &str =
     "SELECT * FROM workflow_steps WHERE workflow_id = $1 ORDER BY started_at, step_key";
 pub(crate) const SELECT_COMPENSATIONS: &str = "SELECT compensations FROM workflows WHERE workflow_id = $1";
-pub(crate) const WRITE_COMPENSATIONS: &str = "UPDATE workflows SET compensations = $2 WHERE workflow_id = $1";
 pub(crate) const HEARTBEAT: &str = "UPDATE workflows SET lease_expires_at = $2 \
     WHERE lease_owner = $1 AND state IN ('running', 'compensating') AND lease_expires_at > $3";
 pub(crate) const RELEASE: &str = "UPDATE workflows SET lease_owner = NULL, lease_expires_at = NULL, \
@@ -81,7 +80,7 @@ pub(crate) fn checkpoint_statements(c: &super::Checkpoint<'_>, first: usize, cte
     let mut next = first;
     let after = (ctes && c.is_first()).then_some("w0");
     if c.insert.is_some() {
-        let mut sql = concat!("INSERT INTO workflows (", workflow_fields!(), ", compensations) VALUES ").to_owned();
+        let mut sql = concat!("INSERT INTO ", workflow_columns!(), " VALUES ").to_owned();
         push_value_rows(&mut sql, 1, 15, Some(next));
         sql.push_str(" ON CONFLICT (workflow_id) DO NOTHING RETURNING 1 AS inserted");
         parts.push(sql);
@@ -341,8 +340,14 @@ macro_rules! shared_store_methods {
             &self.pool
         }
 
-        async fn insert_workflow(&self, conn: &mut Conn<Self>, wf: &WorkflowRecord) -> Result<bool> {
-            let done = shared::bind_workflow!(sqlx::query(shared::INSERT_WORKFLOW), wf).execute(&mut *conn).await?;
+        async fn insert_workflow(
+            &self,
+            conn: &mut Conn<Self>,
+            wf: &WorkflowRecord,
+            compensations: &[CompensationRecord],
+        ) -> Result<bool> {
+            let q = shared::bind_workflow!(sqlx::query(shared::INSERT_WORKFLOW), wf);
+            let done = q.bind(super::compensations::encode(compensations)?).execute(&mut *conn).await?;
             Ok(done.rows_affected() == 1)
         }
 
@@ -355,18 +360,6 @@ macro_rules! shared_store_methods {
             Ok(())
         }
 
-        async fn write_compensations(
-            &self,
-            conn: &mut Conn<Self>,
-            workflow_id: &str,
-            comps: &[CompensationRecord],
-        ) -> Result<()> {
-            let q =
-                sqlx::query(shared::WRITE_COMPENSATIONS).bind(workflow_id).bind(super::compensations::encode(comps)?);
-            q.execute(&mut *conn).await?;
-            Ok(())
-        }
-
         async fn fence(
             &self,
             conn: &mut Conn<Self>,
@@ -374,9 +367,11 @@ macro_rules! shared_store_methods {
             epoch: i64,
             update: &WorkflowUpdate,
             now: i64,
+            compensations: Option<&[CompensationRecord]>,
         ) -> Result<Option<bool>> {
+            let comps = compensations.map(super::compensations::encode).transpose()?;
             let q = sqlx::query_scalar(sqlx::AssertSqlSafe(shared::fence_sql(1)));
-            let q = shared::bind_fence!(q, workflow_id, epoch, update, now, None::<String>);
+            let q = shared::bind_fence!(q, workflow_id, epoch, update, now, comps);
             let notify: Option<bool> = q.fetch_optional(&mut *conn).await?;
             Ok(notify)
         }
