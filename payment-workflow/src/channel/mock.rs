@@ -28,6 +28,9 @@ pub struct MockChannelConfig {
     pub processing_rate: f64,
     /// How long a processing charge takes to settle.
     pub settle_ms: u64,
+    /// How long a new charge request is held after it arrives before the channel records it (a charge in
+    /// flight, which a `close` meanwhile refuses).
+    pub hold_ms: u64,
     /// Seed of the fault dice, for reproducible runs.
     pub seed: u64,
 }
