@@ -183,6 +183,7 @@ async fn chaos<S: PaymentStore>(db: String, store: S) {
         processing_rate: 0.1,
         settle_ms: 300,
         seed: 42,
+        hold_ms: 0,
     });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let channel = format!("http://{}", listener.local_addr().unwrap());
