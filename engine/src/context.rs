@@ -91,6 +91,11 @@ impl<S: Store> WorkflowContext<S> {
         &self.workflow_id
     }
 
+    /// The row of step `key` (without the compensation prefix), committed or in the open phase.
+    pub(crate) fn step(&self, key: &str) -> Option<&StepRecord> {
+        self.history.get(key)
+    }
+
     /// Now, by the engine's clock (milliseconds since the epoch).
     pub fn now_ms(&self) -> i64 {
         self.core.now()
@@ -113,9 +118,6 @@ impl<S: Store> WorkflowContext<S> {
         }
         self.check_shutdown()?;
         let now = self.core.now();
-        if let Some((name, input)) = &spec.compensation {
-            self.register_compensation(&key, name, input)?;
-        }
         let tx = self.open_tx().await?;
         let result = f(&mut **tx).await;
         let attempts = self.tx_attempts.get(&key).copied().unwrap_or(0) + 1;
@@ -134,6 +136,10 @@ impl<S: Store> WorkflowContext<S> {
         match result {
             Ok(value) => {
                 let output = serde_json::to_string(&value).map_err(|e| Interrupt::Engine(e.into()))?;
+                // Registered once the step has decided, in its phase: rolled back with it.
+                if let Some((name, input)) = &spec.compensation {
+                    self.register_compensation(&key, name, input)?;
+                }
                 self.push_step(row(step_status::COMPLETED, Some(output), None));
                 Ok(value)
             }

@@ -11,7 +11,7 @@ use crate::context::{WorkflowContext, failure_json, parse_failure};
 use crate::engine::{Core, StartSignal};
 use crate::error::{Error, Failure, Interrupt, TRANSIENT_RETRY_MS, is_transient};
 use crate::outcome::Outcome;
-use crate::store::{StepRecord, Store, WorkflowRecord, WorkflowUpdate, compensation_status, state};
+use crate::store::{StepRecord, Store, WorkflowRecord, WorkflowUpdate, compensation_status, state, step_status};
 use crate::workflow::{Compensation, ErasedWorkflow};
 
 /// How many times a run replays a phase or commit undone by a transient error before releasing the workflow.
@@ -208,11 +208,22 @@ async fn compensate<S: Store>(
 ) -> Result<Outcome, Interrupt> {
     let comps = ctx.core().store.compensations(ctx.workflow_id()).await?;
     for c in comps.iter().rev().filter(|c| c.status != compensation_status::DONE) {
+        // A forward step that left no row never happened (a phase step whose condition did not hold): there is
+        // nothing of it to undo.
+        let Some(forward) = ctx.step(&c.step_key) else {
+            ctx.push_compensation_status(c.clone(), compensation_status::DONE);
+            continue;
+        };
+        let forward = match forward.status.as_str() {
+            step_status::COMPLETED => forward.output.as_deref().and_then(|o| serde_json::from_str(o).ok()),
+            _ => None,
+        };
         ctx.set_prefix(format!("compensate/{}/", c.seq));
         let compensation = Compensation {
             step_key: c.step_key.clone(),
             name: c.name.clone(),
             input: serde_json::from_str(&c.input).unwrap_or(Value::Null),
+            forward,
         };
         match wf.compensate(ctx, &compensation, &failure).await {
             Ok(()) => ctx.push_compensation_status(c.clone(), compensation_status::DONE),

@@ -35,8 +35,11 @@ impl StepSpec {
         self
     }
 
-    /// Registers the workflow's compensation `name` with `input`, durably and before the step runs; it runs
-    /// if the workflow later fails.
+    /// Registers the workflow's compensation `name` with `input`, durably with the step: a transactional step's
+    /// once it has returned (in its phase's commit, rolled back with it), an external step's with the intent of
+    /// its first attempt, before the call. It runs if the workflow later fails, and only if the step left a row;
+    /// it is told the step's output ([`crate::Compensation::forward`]) so that it undoes exactly what the step
+    /// did.
     pub fn compensate_with(mut self, name: impl Into<String>, input: impl Serialize) -> Self {
         let input = serde_json::to_value(input).unwrap_or(Value::Null);
         self.compensation = Some((name.into(), input));

@@ -20,6 +20,10 @@ pub struct Compensation {
     pub name: String,
     /// The input given at registration.
     pub input: Value,
+    /// The forward step's stored output, once it completed (`None` while only an external step's intent is
+    /// recorded). A compensation runs only for a forward step that left a row; this tells it what that step
+    /// did, so that it undoes exactly that (a step that wrote nothing needs nothing undone).
+    pub forward: Option<Value>,
 }
 
 /// A workflow type: a name, a JSON input, a JSON output and a body made of durable steps.

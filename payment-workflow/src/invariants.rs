@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 
-use crate::channel::{ChargeStatus, Ledger};
+use crate::channel::Ledger;
 use crate::model::{order_status, payment_status};
 use crate::store::PaymentStore;
 
@@ -10,40 +10,49 @@ use crate::store::PaymentStore;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Violation(pub String);
 
-/// Checks, for a single-tenant run: every order has at most one kept (succeeded, unrefunded) charge; an order
-/// is `paid` exactly when it has one; every succeeded charge has a `succeeded` payment record (or was
-/// refunded); no order is left `paying` and no payment `processing` (call after recovery has run).
+/// Checks, per tenant (the channel's merchant): every order has at most one kept (succeeded, not refunded)
+/// charge; an order is `paid` exactly when it has one; every kept charge has this tenant's `succeeded` payment
+/// record of the same order and amount; every refunded charge was this tenant's own payment's; no order is
+/// left `paying` and no payment `processing` (call after recovery has run).
 pub async fn check_invariants<S: PaymentStore>(store: &S, ledger: &Ledger) -> Result<Vec<Violation>, sqlx::Error> {
     let mut violations = Vec::new();
     let orders = store.all_orders().await?;
-    let payments: HashMap<String, _> =
-        store.all_payments().await?.into_iter().map(|p| (p.request_no.clone(), p)).collect();
+    let payments: HashMap<(String, String), _> =
+        store.all_payments().await?.into_iter().map(|p| ((p.tenant.clone(), p.request_no.clone()), p)).collect();
     for order in &orders {
-        let kept = ledger.kept_charges(&order.order_no);
+        let (tenant, order_no) = (&order.tenant, &order.order_no);
+        let kept = ledger.kept_charges_of(tenant, order_no);
         if kept > 1 {
-            violations.push(Violation(format!("order {} was charged {kept} times", order.order_no)));
+            violations.push(Violation(format!("order {tenant}/{order_no} was charged {kept} times")));
         }
         let paid = order.status == order_status::PAID;
         if paid != (kept == 1) {
             violations
-                .push(Violation(format!("order {} is {} with {kept} kept charges", order.order_no, order.status)));
+                .push(Violation(format!("order {tenant}/{order_no} is {} with {kept} kept charges", order.status)));
         }
         if order.status == order_status::PAYING {
-            violations.push(Violation(format!("order {} is left paying", order.order_no)));
+            violations.push(Violation(format!("order {tenant}/{order_no} is left paying")));
         }
     }
-    for charge in ledger.charges.iter().filter(|c| c.status == ChargeStatus::Succeeded && !c.refunded) {
-        match payments.get(&charge.merchant_request_no) {
-            Some(p) if p.status == payment_status::SUCCEEDED => {}
-            Some(p) => violations.push(Violation(format!(
-                "charge {} succeeded but its payment is {}",
-                charge.merchant_request_no, p.status
-            ))),
-            None => violations.push(Violation(format!("charge {} has no payment record", charge.merchant_request_no))),
+    for charge in &ledger.charges {
+        let key = (charge.merchant_id.clone(), charge.merchant_request_no.clone());
+        let name = format!("{}/{}", charge.merchant_id, charge.merchant_request_no);
+        let record = payments.get(&key);
+        if charge.refunded && record.is_none_or(|p| p.order_no != charge.order_no || p.amount != charge.amount) {
+            violations.push(Violation(format!("charge {name} was refunded but is no payment of this tenant's")));
+        }
+        if !charge.is_kept() {
+            continue;
+        }
+        match record {
+            Some(p) if p.status == payment_status::SUCCEEDED && p.order_no == charge.order_no => {}
+            Some(p) => violations
+                .push(Violation(format!("charge {name} succeeded but its payment is {} ({})", p.status, p.order_no))),
+            None => violations.push(Violation(format!("charge {name} has no payment record"))),
         }
     }
     for p in payments.values().filter(|p| p.status == payment_status::PROCESSING) {
-        violations.push(Violation(format!("payment {} is left processing", p.request_no)));
+        violations.push(Violation(format!("payment {}/{} is left processing", p.tenant, p.request_no)));
     }
     Ok(violations)
 }

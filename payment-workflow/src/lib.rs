@@ -33,7 +33,7 @@ mod service;
 mod store;
 
 pub use channel::{
-    Channel, ChannelError, Charge, ChargeRequest, ChargeStatus, HttpChannel, Ledger, LedgerCharge, MockChannel,
+    Channel, ChannelError, Charge, ChargeRequest, ChargeStatus, Closed, HttpChannel, Ledger, LedgerCharge, MockChannel,
     MockChannelConfig, Refund, RefundRequest, RefundStatus, mock_channel_router,
 };
 pub use error::{Error, Result};

@@ -159,12 +159,19 @@ impl PayRequest {
     }
 }
 
-/// Checks an identifier chosen by a client (`order_no`, `request_no`): 1–64 characters of `A-Z a-z 0-9 . _ : -`.
+/// Checks an identifier chosen by a client (`order_no`, `request_no`): 1–64 characters of `A-Z a-z 0-9 . _ : -`,
+/// and not `.` or `..`, which a URL path (the channel's, this API's) would read as a directory step.
 pub fn validate_key(field: &str, value: &str) -> Result<(), String> {
     let ok = !value.is_empty()
         && value.len() <= 64
+        && value != "."
+        && value != ".."
         && value.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'));
-    if ok { Ok(()) } else { Err(format!("{field} must be 1-64 characters of A-Z a-z 0-9 . _ : -")) }
+    if ok {
+        Ok(())
+    } else {
+        Err(format!("{field} must be 1-64 characters of A-Z a-z 0-9 . _ : -, other than . and .."))
+    }
 }
 
 /// Checks an ISO 4217 code's shape: three upper-case letters.

@@ -11,7 +11,7 @@ use onceflow_engine::{
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use crate::channel::{Channel, ChannelError, Charge, ChargeRequest, ChargeStatus, RefundRequest, RefundStatus};
+use crate::channel::{Channel, ChannelError, Charge, ChargeRequest, ChargeStatus, Closed, RefundRequest, RefundStatus};
 use crate::model::{PaymentRecord, StoredResponse, order_status, payment_status, problem};
 use crate::store::{PaymentStore, Reserve, phases};
 
@@ -55,14 +55,37 @@ impl PaymentInput {
     fn refund_no(&self) -> String {
         format!("{}-refund", self.request_no)
     }
+
+    /// The charge this payment asks the channel for: as the tenant's merchant (its merchant id is the tenant's
+    /// name), under the payment's own number.
+    fn charge_request(&self) -> ChargeRequest {
+        ChargeRequest {
+            merchant_id: self.tenant.clone(),
+            merchant_request_no: self.request_no.clone(),
+            order_no: self.order_no.clone(),
+            amount: self.amount,
+            currency: self.currency.clone(),
+        }
+    }
 }
 
 /// What the channel step ended with (a decline is an answer, not an error of the step).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 enum ChargeOutcome {
-    Charged { charge_id: String },
-    Declined { decline_code: Option<String> },
-    Refused { status: u16, body: String },
+    Charged {
+        charge_id: String,
+    },
+    Declined {
+        decline_code: Option<String>,
+    },
+    /// A definite refusal (`4xx`): nothing was charged. The channel's answer is kept here, for operators.
+    Refused {
+        status: u16,
+        body: String,
+    },
+    /// The channel holds a charge under this number that is not this payment's (another merchant's, or other
+    /// fields): someone else's, never success for this payment, never refunded by it.
+    NotOurs,
 }
 
 /// The payment workflow type.
@@ -150,12 +173,7 @@ impl<S: PaymentStore> Workflow<S> for PaymentSaga {
 
         // The channel call: intent committed before, outcome after; an unknown outcome is resolved by the same
         // request_no, never by a new one.
-        let request = ChargeRequest {
-            merchant_request_no: i.request_no.clone(),
-            order_no: i.order_no.clone(),
-            amount: i.amount,
-            currency: i.currency.clone(),
-        };
+        let request = i.charge_request();
         let channel = &self.channel;
         let outcome = ctx.external(charge_spec, |attempt| charge(channel.as_ref(), &request, attempt)).await?;
         let charge_id = match outcome {
@@ -175,8 +193,16 @@ impl<S: PaymentStore> Workflow<S> for PaymentSaga {
                 return Err(Interrupt::Failed(failure));
             }
             ChargeOutcome::Refused { status, body } => {
-                let detail = format!("the channel refused the charge ({status}): {body}");
-                let f = failure_with_response(422, "channel_refused", "Refused by the channel", &detail);
+                // The channel's answer stays in the step's output and the log, never in the client's problem.
+                tracing::warn!(request_no = %i.request_no, status, %body, "the channel refused the charge");
+                let detail = "the payment channel refused the charge; nothing was charged";
+                let f = failure_with_response(422, "channel_refused", "Refused by the channel", detail);
+                return Err(Interrupt::Failed(f));
+            }
+            ChargeOutcome::NotOurs => {
+                tracing::warn!(request_no = %i.request_no, "the channel holds another payment's charge under this number");
+                let detail = format!("request_no {} is already used by another payment", i.request_no);
+                let f = failure_with_response(409, "request_no_conflict", "Request number in use", &detail);
                 return Err(Interrupt::Failed(f));
             }
         };
@@ -210,43 +236,64 @@ impl<S: PaymentStore> Workflow<S> for PaymentSaga {
         compensation: &Compensation,
         failure: &Failure,
     ) -> Result<(), Interrupt> {
-        // Compensations are registered without input: the workflow's own input says everything.
+        // Compensations are registered without input: the workflow's own input says everything, and the forward
+        // step's output says what it did. Each undoes exactly that, guarded by what it wrote (this payment's
+        // token, record and reservation), so it is a no-op on anything another payment owns.
         let i: PaymentInput = ctx.input()?;
         let now = ctx.now_ms();
+        let wrote = compensation.forward.as_ref().and_then(serde_json::Value::as_bool) == Some(true);
         match compensation.name.as_str() {
             "refund" => {
-                let channel = &self.channel;
-                let refunded =
-                    ctx.external(step("refund").retry(self.channel_retry), |_| refund(channel.as_ref(), &i)).await?;
-                if refunded {
-                    tracing::info!(request_no = %i.request_no, "charge refunded");
+                let done: Option<ChargeOutcome> =
+                    compensation.forward.clone().and_then(|f| serde_json::from_value(f).ok());
+                if let Some(ChargeOutcome::Declined { .. } | ChargeOutcome::Refused { .. } | ChargeOutcome::NotOurs) =
+                    done
+                {
+                    // A definite answer that charged nothing of this payment's: nothing to undo.
+                    return Ok(());
                 }
+                let channel = &self.channel;
+                let undone = ctx
+                    .external(step("refund").retry(self.channel_retry), |_| undo_charge(channel.as_ref(), &i))
+                    .await?;
+                tracing::info!(request_no = %i.request_no, ?undone, "charge undone");
                 Ok(())
             }
             "release_order" => {
-                let (tenant, order_no) = (i.tenant.clone(), i.order_no.clone());
+                let reserved: Option<Reserve> =
+                    compensation.forward.clone().and_then(|f| serde_json::from_value(f).ok());
+                if reserved != Some(Reserve::Reserved) {
+                    return Ok(());
+                }
+                let (tenant, order_no, request_no) = (i.tenant.clone(), i.order_no.clone(), i.request_no.clone());
                 ctx.transactional("release_order", move |c| -> BoxFuture<'_, _> {
                     Box::pin(async move {
-                        S::move_order(c, tenant, order_no, order_status::PAYING, order_status::PENDING, now).await?;
+                        S::move_order(c, tenant, order_no, request_no, order_status::PENDING, now).await?;
                         Ok(())
                     })
                 })
                 .await
             }
             "fail_record" => {
+                if !wrote {
+                    return Ok(());
+                }
                 let declined = failure.code == "payment_declined";
                 let status = if declined { payment_status::DECLINED } else { payment_status::FAILED };
                 let code = failure.details.get("decline_code").and_then(|c| c.as_str()).map(str::to_owned);
-                let (tenant, request_no) = (i.tenant.clone(), i.request_no.clone());
+                let (tenant, request_no, token) = (i.tenant.clone(), i.request_no.clone(), i.token.clone());
                 ctx.transactional("fail_record", move |c| -> BoxFuture<'_, _> {
                     Box::pin(async move {
-                        S::set_payment_status(c, tenant, request_no, status, None, code, now).await?;
+                        S::set_payment_status(c, tenant, request_no, token, status, None, code, now).await?;
                         Ok(())
                     })
                 })
                 .await
             }
             "store_response" => {
+                if !wrote {
+                    return Ok(());
+                }
                 let response = response_of(failure).unwrap_or_else(|| StoredResponse {
                     status: 502,
                     body: problem(502, "payment_failed", "Payment failed", "the payment could not be completed"),
@@ -296,8 +343,10 @@ async fn reserve_steps<S: PaymentStore>(
         return Ok(None);
     }
     let (tenant, order_no, currency, amount) = (i.tenant.clone(), i.order_no.clone(), i.currency.clone(), i.amount);
-    let reserved =
-        ctx.transactional(reserve, move |c| S::reserve_order(c, tenant, order_no, amount, currency, now)).await?;
+    let request_no = i.request_no.clone();
+    let reserved = ctx
+        .transactional(reserve, move |c| S::reserve_order(c, tenant, order_no, amount, currency, request_no, now))
+        .await?;
     Ok(Some(reserved))
 }
 
@@ -324,7 +373,8 @@ async fn reject<S: PaymentStore>(
     ctx.transactional("reject", move |c| -> BoxFuture<'_, _> {
         Box::pin(async move {
             if record_is_ours {
-                S::set_payment_status(&mut *c, tenant, request_no, payment_status::FAILED, None, None, now).await?;
+                let (failed, ours) = (payment_status::FAILED, token.clone());
+                S::set_payment_status(&mut *c, tenant, request_no, ours, failed, None, None, now).await?;
             }
             S::complete_token(&mut *c, token, i32::from(stored.status), stored.body, now).await?;
             Ok(())
@@ -334,7 +384,11 @@ async fn reject<S: PaymentStore>(
     Ok(response)
 }
 
-fn settle(charge: Charge) -> Result<ChargeOutcome, StepError> {
+/// What a charge the channel answered with means for the payment that asked for `request`.
+fn settle(charge: Charge, request: &ChargeRequest) -> Result<ChargeOutcome, StepError> {
+    if !charge.matches(request) {
+        return Ok(ChargeOutcome::NotOurs);
+    }
     match charge.status {
         ChargeStatus::Succeeded => Ok(ChargeOutcome::Charged { charge_id: charge.charge_id }),
         ChargeStatus::Declined => Ok(ChargeOutcome::Declined { decline_code: charge.decline_code }),
@@ -348,6 +402,7 @@ fn count_call(outcome: &Result<ChargeOutcome, StepError>) {
         Ok(ChargeOutcome::Charged { .. }) => "succeeded",
         Ok(ChargeOutcome::Declined { .. }) => "declined",
         Ok(ChargeOutcome::Refused { .. }) => "refused",
+        Ok(ChargeOutcome::NotOurs) => "not_ours",
         Err(StepError::UnknownOutcome(m)) if m.contains("processing") => "processing",
         Err(_) => "unknown",
     };
@@ -362,46 +417,73 @@ async fn charge(channel: &dyn Channel, request: &ChargeRequest, attempt: Attempt
 }
 
 /// One attempt of the channel call. After an attempt that may have charged, the charge is looked up by the
-/// same number first; the channel also deduplicates a repeated charge request.
+/// same number first; the channel also deduplicates a repeated charge request. Every charge the channel
+/// answers with is checked against this payment: one that does not match is someone else's.
 async fn charge_attempt(
     channel: &dyn Channel,
     request: &ChargeRequest,
     attempt: Attempt,
 ) -> Result<ChargeOutcome, StepError> {
     if attempt.previous != Previous::None {
-        match channel.query(&request.merchant_request_no).await {
-            Ok(Some(found)) => return settle(found),
+        match channel.query(&request.merchant_id, &request.merchant_request_no).await {
+            Ok(Some(found)) => return settle(found, request),
             Ok(None) => {}
             Err(e) => return Err(StepError::UnknownOutcome(e.to_string())),
         }
     }
     match channel.charge(request).await {
-        Ok(charge) => settle(charge),
+        Ok(charge) => settle(charge, request),
         Err(ChannelError::Refused { status, body }) => Ok(ChargeOutcome::Refused { status, body }),
         Err(e) => Err(StepError::UnknownOutcome(e.to_string())),
     }
 }
 
-/// Refunds the charge if it succeeded; `false` when there was nothing to refund.
-async fn refund(channel: &dyn Channel, i: &PaymentInput) -> Result<bool, StepError> {
-    let found = channel.query(&i.request_no).await.map_err(|e| StepError::UnknownOutcome(e.to_string()))?;
-    match found.map(|c| c.status) {
-        None | Some(ChargeStatus::Declined) => return Ok(false),
-        Some(ChargeStatus::Processing) => {
-            return Err(StepError::UnknownOutcome("the charge is processing".into()));
-        }
-        Some(ChargeStatus::Succeeded) => {}
+/// How a charge's number was undone at the channel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+enum Undone {
+    /// Closed before any charge was accepted: none ever will be.
+    Closed,
+    /// This payment's charge was refunded.
+    Refunded,
+    /// The charge under the number settled without taking money (declined).
+    NothingTaken,
+    /// The charge under the number is not this payment's: left alone.
+    NotOurs,
+}
+
+/// Undoes whatever this payment's number did at the channel: closes the number first (so that a charge still
+/// in flight can no longer land), then refunds this payment's charge if one exists, under a stable refund
+/// number, once a `processing` one has settled.
+async fn undo_charge(channel: &dyn Channel, i: &PaymentInput) -> Result<Undone, StepError> {
+    let request = i.charge_request();
+    let unknown = |e: ChannelError| StepError::UnknownOutcome(e.to_string());
+    let charge = match channel.close(&request.merchant_id, &request.merchant_request_no).await.map_err(unknown)? {
+        Closed::Closed => return Ok(Undone::Closed),
+        Closed::Charged(charge) => charge,
+    };
+    if !charge.matches(&request) {
+        tracing::warn!(request_no = %i.request_no, "the charge under this number is another payment's: not refunded");
+        return Ok(Undone::NotOurs);
     }
-    let request = RefundRequest {
+    match charge.status {
+        ChargeStatus::Declined => return Ok(Undone::NothingTaken),
+        ChargeStatus::Processing => return Err(StepError::UnknownOutcome("the charge is processing".into())),
+        ChargeStatus::Succeeded => {}
+    }
+    let refund = RefundRequest {
+        merchant_id: request.merchant_id.clone(),
         merchant_refund_no: i.refund_no(),
-        merchant_request_no: i.request_no.clone(),
+        merchant_request_no: request.merchant_request_no.clone(),
         amount: i.amount,
     };
-    match channel.refund(&request).await {
-        Ok(r) if r.status == RefundStatus::Succeeded => Ok(true),
+    match channel.refund(&refund).await {
+        Ok(r) if r.status == RefundStatus::Succeeded => Ok(Undone::Refunded),
         Ok(r) if r.status == RefundStatus::Processing => Err(StepError::UnknownOutcome("refund processing".into())),
         Ok(_) => Err(StepError::terminal("refund_failed", "the channel refused the refund")),
-        Err(ChannelError::Refused { body, .. }) => Err(StepError::terminal("refund_refused", body)),
-        Err(e) => Err(StepError::UnknownOutcome(e.to_string())),
+        Err(ChannelError::Refused { status, body }) => {
+            tracing::warn!(request_no = %i.request_no, status, %body, "the channel refused the refund");
+            Err(StepError::terminal("refund_refused", "the channel refused the refund"))
+        }
+        Err(e) => Err(unknown(e)),
     }
 }

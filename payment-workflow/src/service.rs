@@ -173,8 +173,13 @@ impl<S: PaymentStore> Payments<S> {
         let input = payment_input(tenant, token, route, request);
         if S::STATEMENT_PHASES.is_some() {
             match self.run(&input, wait, false).await {
-                // Refused (nothing was recorded), or attached to a run that was: decide from the token.
-                Err(onceflow_engine::Error::Refused(_) | onceflow_engine::Error::NotFound(_)) => {}
+                // Refused (nothing was recorded), attached to a run that was, or the token's workflow runs another
+                // request (perhaps another tenant's: only the token says whose): decide from the token.
+                Err(
+                    onceflow_engine::Error::Refused(_)
+                    | onceflow_engine::Error::NotFound(_)
+                    | onceflow_engine::Error::Conflict { .. },
+                ) => {}
                 other => return Ok(other?),
             }
         }
@@ -212,6 +217,8 @@ impl<S: PaymentStore> Payments<S> {
         }
         match self.run(&input, wait, stored.state != token_state::ISSUED).await {
             Ok(response) => Ok(response),
+            // The tenant's token, whose workflow runs another request.
+            Err(onceflow_engine::Error::Conflict { .. }) => Ok(mismatch()),
             // The token expired or was taken between the check and the first commit: nothing was stored.
             Err(onceflow_engine::Error::Refused(_)) => Ok(not_found()),
             Err(e) => Err(e.into()),
@@ -219,14 +226,11 @@ impl<S: PaymentStore> Payments<S> {
     }
 
     /// Starts (or attaches to) the payment workflow of `input` and answers from its outcome; a workflow of
-    /// the token with another request is a mismatch. `replayed`: the token was already in use before this
-    /// request.
+    /// the token with another request is [`onceflow_engine::Error::Conflict`]. `replayed`: the token was already
+    /// in use before this request.
     async fn run(&self, input: &PaymentInput, wait: Duration, replayed: bool) -> onceflow_engine::Result<PayResponse> {
         let workflow_id = payment_workflow_id(&input.token);
-        let handle = match self.engine.start::<PaymentSaga>(&workflow_id, input).await {
-            Err(onceflow_engine::Error::Conflict { .. }) => return Ok(mismatch()),
-            started => started?,
-        };
+        let handle = self.engine.start::<PaymentSaga>(&workflow_id, input).await?;
         let replayed = replayed || handle.attached();
         let outcome = handle.wait(wait).await?;
         let response = match outcome {

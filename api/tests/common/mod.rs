@@ -2,6 +2,8 @@
 
 #![allow(dead_code)]
 
+pub mod channel;
+
 use std::sync::Arc;
 use std::time::Duration;
 

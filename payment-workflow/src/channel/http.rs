@@ -1,14 +1,24 @@
-//! The channel client over HTTP, with a per-request timeout.
+//! The channel client over HTTP, with a per-request timeout. Numbers in paths are percent-encoded and every
+//! request names its merchant (`contracts/channel.md`).
 
 use std::time::Duration;
 
-use super::{Channel, ChannelError, Charge, ChargeRequest, Refund, RefundRequest};
+use serde::Deserialize;
+
+use super::{Channel, ChannelError, Charge, ChargeRequest, Closed, Refund, RefundRequest, path_segment};
 
 /// A [`Channel`] speaking `contracts/channel.md` over HTTP.
 #[derive(Debug, Clone)]
 pub struct HttpChannel {
     base: String,
     client: reqwest::Client,
+}
+
+/// The answer of a refused close: `{"error": "charged", "charge": {...}}` (or another error).
+#[derive(Deserialize)]
+struct CloseRefused {
+    error: String,
+    charge: Option<Charge>,
 }
 
 impl HttpChannel {
@@ -19,6 +29,10 @@ impl HttpChannel {
             .build()
             .map_err(|e| ChannelError::Unknown(format!("cannot build the HTTP client: {e}")))?;
         Ok(Self { base: base.trim_end_matches('/').to_owned(), client })
+    }
+
+    fn charge_url(&self, merchant_request_no: &str) -> String {
+        format!("{}/v1/charges/{}", self.base, path_segment(merchant_request_no))
     }
 
     async fn send<T: serde::de::DeserializeOwned>(
@@ -46,8 +60,23 @@ impl Channel for HttpChannel {
         self.send(sent).await?.ok_or_else(|| ChannelError::Unknown("charge answered 404".into()))
     }
 
-    async fn query(&self, merchant_request_no: &str) -> Result<Option<Charge>, ChannelError> {
-        self.send(self.client.get(format!("{}/v1/charges/{merchant_request_no}", self.base))).await
+    async fn query(&self, merchant_id: &str, merchant_request_no: &str) -> Result<Option<Charge>, ChannelError> {
+        let sent = self.client.get(self.charge_url(merchant_request_no)).query(&[("merchant_id", merchant_id)]);
+        self.send(sent).await
+    }
+
+    async fn close(&self, merchant_id: &str, merchant_request_no: &str) -> Result<Closed, ChannelError> {
+        let url = format!("{}/close", self.charge_url(merchant_request_no));
+        let sent = self.client.post(url).json(&serde_json::json!({ "merchant_id": merchant_id }));
+        match self.send::<serde_json::Value>(sent).await {
+            Ok(Some(_)) => Ok(Closed::Closed),
+            Ok(None) => Err(ChannelError::Unknown("close answered 404".into())),
+            Err(ChannelError::Refused { status: 409, body }) => match serde_json::from_str::<CloseRefused>(&body) {
+                Ok(CloseRefused { error, charge: Some(charge) }) if error == "charged" => Ok(Closed::Charged(charge)),
+                _ => Err(ChannelError::Refused { status: 409, body }),
+            },
+            Err(e) => Err(e),
+        }
     }
 
     async fn refund(&self, request: &RefundRequest) -> Result<Refund, ChannelError> {

@@ -1,13 +1,16 @@
 //! The mock channel: the channel protocol with seeded faults and a ledger tests can read. It answers
 //! in-process (as a [`Channel`]) and over HTTP (see `mock_channel_router`).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use super::{Channel, ChannelError, Charge, ChargeRequest, ChargeStatus, Refund, RefundRequest, RefundStatus};
+use super::{Channel, ChannelError, Charge, ChargeRequest, ChargeStatus, Closed, Refund, RefundRequest, RefundStatus};
+
+/// A merchant and one of its numbers: what the channel keeps apart.
+type Key = (String, String);
 
 /// The mock channel's faults (rates are 0.0–1.0) and timings.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -74,6 +77,8 @@ pub struct Ledger {
 /// A charge in the ledger.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
 pub struct LedgerCharge {
+    /// The merchant (tenant) charging.
+    pub merchant_id: String,
     /// The payment's `request_no`.
     pub merchant_request_no: String,
     /// The order.
@@ -87,20 +92,31 @@ pub struct LedgerCharge {
 }
 
 impl Ledger {
-    /// Succeeded, unrefunded charges of `order_no`.
+    /// Succeeded, unrefunded charges of `order_no`, whichever merchant's.
     pub fn kept_charges(&self, order_no: &str) -> usize {
-        self.charges
-            .iter()
-            .filter(|c| c.order_no == order_no && c.status == ChargeStatus::Succeeded && !c.refunded)
-            .count()
+        self.charges.iter().filter(|c| c.order_no == order_no && c.is_kept()).count()
+    }
+
+    /// Succeeded, unrefunded charges of merchant `merchant_id`'s order `order_no`.
+    pub fn kept_charges_of(&self, merchant_id: &str, order_no: &str) -> usize {
+        self.charges.iter().filter(|c| c.merchant_id == merchant_id && c.order_no == order_no && c.is_kept()).count()
+    }
+}
+
+impl LedgerCharge {
+    /// Succeeded and not refunded: money the merchant keeps.
+    pub fn is_kept(&self) -> bool {
+        self.status == ChargeStatus::Succeeded && !self.refunded
     }
 }
 
 #[derive(Debug, Default)]
 struct State {
     rng: u64,
-    charges: HashMap<String, StoredCharge>,
-    refunds: HashMap<String, (RefundRequest, Refund)>,
+    charges: HashMap<Key, StoredCharge>,
+    /// Numbers closed with no charge: a charge under them is refused from then on.
+    closed: HashSet<Key>,
+    refunds: HashMap<Key, (RefundRequest, Refund)>,
     next_id: u64,
     charge_calls: u64,
     query_calls: u64,
@@ -121,11 +137,13 @@ impl State {
     fn view(&self, c: &StoredCharge, now: Instant) -> Charge {
         let status = if now >= c.settles_at { c.outcome } else { ChargeStatus::Processing };
         Charge {
+            merchant_id: Some(c.request.merchant_id.clone()),
             merchant_request_no: c.request.merchant_request_no.clone(),
             charge_id: c.charge_id.clone(),
             status,
             amount: c.request.amount,
             currency: c.request.currency.clone(),
+            order_no: Some(c.request.order_no.clone()),
             decline_code: (status == ChargeStatus::Declined).then(|| c.decline_code.clone()).flatten(),
         }
     }
@@ -168,24 +186,25 @@ impl MockChannel {
     pub fn ledger(&self) -> Ledger {
         let state = self.state();
         let now = Instant::now();
-        let refunded: Vec<&str> = state
+        let refunded: HashSet<(&str, &str)> = state
             .refunds
             .values()
             .filter(|(_, r)| r.status == RefundStatus::Succeeded)
-            .map(|(req, _)| req.merchant_request_no.as_str())
+            .map(|(req, _)| (req.merchant_id.as_str(), req.merchant_request_no.as_str()))
             .collect();
         let mut charges: Vec<LedgerCharge> = state
             .charges
             .values()
             .map(|c| LedgerCharge {
+                merchant_id: c.request.merchant_id.clone(),
                 merchant_request_no: c.request.merchant_request_no.clone(),
                 order_no: c.request.order_no.clone(),
                 amount: c.request.amount,
                 status: state.view(c, now).status,
-                refunded: refunded.contains(&c.request.merchant_request_no.as_str()),
+                refunded: refunded.contains(&(c.request.merchant_id.as_str(), c.request.merchant_request_no.as_str())),
             })
             .collect();
-        charges.sort_by(|a, b| a.merchant_request_no.cmp(&b.merchant_request_no));
+        charges.sort_by(|a, b| (&a.merchant_id, &a.merchant_request_no).cmp(&(&b.merchant_id, &b.merchant_request_no)));
         let mut refunds: Vec<Refund> = state.refunds.values().map(|(_, r)| r.clone()).collect();
         refunds.sort_by(|a, b| a.merchant_refund_no.cmp(&b.merchant_refund_no));
         Ledger {
@@ -209,6 +228,9 @@ impl MockChannel {
         request: &ChargeRequest,
     ) -> (Result<Charge, (u16, String)>, Option<Fault>) {
         self.latency().await;
+        if self.config.hold_ms > 0 {
+            tokio::time::sleep(Duration::from_millis(self.config.hold_ms)).await;
+        }
         let mut state = self.state();
         state.charge_calls += 1;
         let fault = {
@@ -227,16 +249,24 @@ impl MockChannel {
                 None
             }
         };
-        if request.amount <= 0 || request.merchant_request_no.is_empty() || request.currency.len() != 3 {
+        if request.amount <= 0
+            || request.merchant_id.is_empty()
+            || request.merchant_request_no.is_empty()
+            || request.currency.len() != 3
+        {
             return (Err((422, "invalid charge request".into())), None);
         }
         let now = Instant::now();
-        if let Some(existing) = state.charges.get(&request.merchant_request_no) {
+        let key = (request.merchant_id.clone(), request.merchant_request_no.clone());
+        if let Some(existing) = state.charges.get(&key) {
             if existing.request != *request {
                 return (Err((409, "merchant_request_no reused with other fields".into())), None);
             }
             let view = state.view(existing, now);
             return (Ok(view), fault);
+        }
+        if state.closed.contains(&key) {
+            return (Err((409, "closed".into())), None);
         }
         let declined = state.roll() < self.config.decline_rate;
         let processing = state.roll() < self.config.processing_rate;
@@ -249,30 +279,47 @@ impl MockChannel {
             settles_at: if processing { now + Duration::from_millis(self.config.settle_ms) } else { now },
         };
         let view = state.view(&stored, now);
-        state.charges.insert(request.merchant_request_no.clone(), stored);
+        state.charges.insert(key, stored);
         (Ok(view), fault)
     }
 
-    pub(crate) async fn handle_query(&self, merchant_request_no: &str) -> Option<Charge> {
+    pub(crate) async fn handle_query(&self, merchant_id: &str, merchant_request_no: &str) -> Option<Charge> {
         self.latency().await;
         let mut state = self.state();
         state.query_calls += 1;
         let now = Instant::now();
-        state.charges.get(merchant_request_no).map(|c| state.view(c, now))
+        let key = (merchant_id.to_owned(), merchant_request_no.to_owned());
+        state.charges.get(&key).map(|c| state.view(c, now))
+    }
+
+    /// Closes a number: [`Closed::Closed`] if no charge was accepted under it (none will be from now on),
+    /// otherwise the charge.
+    pub(crate) async fn handle_close(&self, merchant_id: &str, merchant_request_no: &str) -> Closed {
+        self.latency().await;
+        let mut state = self.state();
+        let now = Instant::now();
+        let key = (merchant_id.to_owned(), merchant_request_no.to_owned());
+        if let Some(charge) = state.charges.get(&key) {
+            return Closed::Charged(state.view(charge, now));
+        }
+        state.closed.insert(key);
+        Closed::Closed
     }
 
     pub(crate) async fn handle_refund(&self, request: &RefundRequest) -> Result<Refund, (u16, String)> {
         self.latency().await;
         let mut state = self.state();
         state.refund_calls += 1;
-        if let Some((existing, refund)) = state.refunds.get(&request.merchant_refund_no) {
+        let refund_key = (request.merchant_id.clone(), request.merchant_refund_no.clone());
+        if let Some((existing, refund)) = state.refunds.get(&refund_key) {
             if existing != request {
                 return Err((409, "merchant_refund_no reused with other fields".into()));
             }
             return Ok(refund.clone());
         }
         let now = Instant::now();
-        let status = match state.charges.get(&request.merchant_request_no).map(|c| state.view(c, now)) {
+        let charge_key = (request.merchant_id.clone(), request.merchant_request_no.clone());
+        let status = match state.charges.get(&charge_key).map(|c| state.view(c, now)) {
             Some(c) if c.status == ChargeStatus::Succeeded && c.amount >= request.amount => RefundStatus::Succeeded,
             Some(_) => RefundStatus::Failed,
             None => return Err((422, "no such charge".into())),
@@ -283,13 +330,14 @@ impl MockChannel {
             refund_id: format!("re_{:08}", state.next_id),
             status,
         };
-        state.refunds.insert(request.merchant_refund_no.clone(), (request.clone(), refund.clone()));
+        state.refunds.insert(refund_key, (request.clone(), refund.clone()));
         Ok(refund)
     }
 
-    pub(crate) async fn handle_refund_query(&self, merchant_refund_no: &str) -> Option<Refund> {
+    pub(crate) async fn handle_refund_query(&self, merchant_id: &str, merchant_refund_no: &str) -> Option<Refund> {
         self.latency().await;
-        self.state().refunds.get(merchant_refund_no).map(|(_, r)| r.clone())
+        let key = (merchant_id.to_owned(), merchant_refund_no.to_owned());
+        self.state().refunds.get(&key).map(|(_, r)| r.clone())
     }
 }
 
@@ -308,8 +356,12 @@ impl Channel for MockChannel {
         }
     }
 
-    async fn query(&self, merchant_request_no: &str) -> Result<Option<Charge>, ChannelError> {
-        Ok(self.handle_query(merchant_request_no).await)
+    async fn query(&self, merchant_id: &str, merchant_request_no: &str) -> Result<Option<Charge>, ChannelError> {
+        Ok(self.handle_query(merchant_id, merchant_request_no).await)
+    }
+
+    async fn close(&self, merchant_id: &str, merchant_request_no: &str) -> Result<Closed, ChannelError> {
+        Ok(self.handle_close(merchant_id, merchant_request_no).await)
     }
 
     async fn refund(&self, request: &RefundRequest) -> Result<Refund, ChannelError> {

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -10,13 +10,27 @@ use axum::{Json, Router};
 use serde_json::json;
 
 use super::mock::{Fault, MockChannel};
-use super::{ChargeRequest, RefundRequest};
+use super::{ChargeRequest, Closed, RefundRequest};
+
+/// `?merchant_id=` of a `GET`, or the body of a close.
+#[derive(serde::Deserialize)]
+struct Merchant {
+    merchant_id: Option<String>,
+}
+
+impl Merchant {
+    /// The merchant named, if one is.
+    fn id(self) -> Option<String> {
+        self.merchant_id.filter(|m| !m.is_empty())
+    }
+}
 
 /// The routes of `contracts/channel.md`, plus `GET /v1/ledger` (everything the channel did, for tests).
 pub fn mock_channel_router(channel: MockChannel) -> Router {
     Router::new()
         .route("/v1/charges", post(charge))
         .route("/v1/charges/{merchant_request_no}", get(query))
+        .route("/v1/charges/{merchant_request_no}/close", post(close))
         .route("/v1/refunds", post(refund))
         .route("/v1/refunds/{merchant_refund_no}", get(query_refund))
         .route("/v1/ledger", get(ledger))
@@ -41,10 +55,35 @@ async fn charge(State(channel): State<MockChannel>, Json(request): Json<ChargeRe
     }
 }
 
-async fn query(State(channel): State<MockChannel>, Path(merchant_request_no): Path<String>) -> Response {
-    match channel.handle_query(&merchant_request_no).await {
+async fn query(
+    State(channel): State<MockChannel>,
+    Path(merchant_request_no): Path<String>,
+    Query(merchant): Query<Merchant>,
+) -> Response {
+    let Some(merchant_id) = merchant.id() else {
+        return error(400, "merchant_id is required");
+    };
+    match channel.handle_query(&merchant_id, &merchant_request_no).await {
         Some(charge) => Json(charge).into_response(),
         None => error(404, "not_found"),
+    }
+}
+
+async fn close(
+    State(channel): State<MockChannel>,
+    Path(merchant_request_no): Path<String>,
+    Json(merchant): Json<Merchant>,
+) -> Response {
+    let Some(merchant_id) = merchant.id() else {
+        return error(400, "merchant_id is required");
+    };
+    match channel.handle_close(&merchant_id, &merchant_request_no).await {
+        Closed::Closed => {
+            Json(json!({ "merchant_request_no": merchant_request_no, "status": "closed" })).into_response()
+        }
+        Closed::Charged(charge) => {
+            (StatusCode::CONFLICT, Json(json!({ "error": "charged", "charge": charge }))).into_response()
+        }
     }
 }
 
@@ -55,8 +94,15 @@ async fn refund(State(channel): State<MockChannel>, Json(request): Json<RefundRe
     }
 }
 
-async fn query_refund(State(channel): State<MockChannel>, Path(merchant_refund_no): Path<String>) -> Response {
-    match channel.handle_refund_query(&merchant_refund_no).await {
+async fn query_refund(
+    State(channel): State<MockChannel>,
+    Path(merchant_refund_no): Path<String>,
+    Query(merchant): Query<Merchant>,
+) -> Response {
+    let Some(merchant_id) = merchant.id() else {
+        return error(400, "merchant_id is required");
+    };
+    match channel.handle_refund_query(&merchant_id, &merchant_refund_no).await {
         Some(refund) => Json(refund).into_response(),
         None => error(404, "not_found"),
     }

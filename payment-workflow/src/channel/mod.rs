@@ -9,12 +9,26 @@ mod mock_server;
 
 pub use http::HttpChannel;
 pub use mock::{Ledger, LedgerCharge, MockChannel, MockChannelConfig};
+
+/// `segment` percent-encoded for a URL path: every byte but the unreserved ones (`A-Z a-z 0-9 - . _ ~`).
+pub(crate) fn path_segment(segment: &str) -> String {
+    segment
+        .bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
 pub use mock_server::mock_channel_router;
 
 /// `POST /v1/charges`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ChargeRequest {
-    /// The payment's `request_no`, fixed before the first call and never replaced.
+    /// The merchant charging: the tenant's channel merchant id (by default the tenant's name).
+    pub merchant_id: String,
+    /// The payment's `request_no`, fixed before the first call and never replaced; unique within its
+    /// merchant.
     pub merchant_request_no: String,
     /// The order paid for.
     pub order_no: String,
@@ -39,6 +53,9 @@ pub enum ChargeStatus {
 /// A charge as the channel reports it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Charge {
+    /// The merchant it belongs to, when the channel echoes it (the protocol says it does).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub merchant_id: Option<String>,
     /// The payment's `request_no`.
     pub merchant_request_no: String,
     /// The channel's id.
@@ -49,14 +66,41 @@ pub struct Charge {
     pub amount: i64,
     /// ISO 4217.
     pub currency: String,
+    /// The order charged for, when the channel says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub order_no: Option<String>,
     /// Why it was declined.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub decline_code: Option<String>,
 }
 
+impl Charge {
+    /// Whether this charge is the one `request` asked for: the same merchant (when echoed), number, amount and
+    /// currency, and the same order (when the channel says). A charge that is not belongs to someone else:
+    /// never success for the payment, never refunded by it.
+    pub fn matches(&self, request: &ChargeRequest) -> bool {
+        self.merchant_id.as_deref().is_none_or(|m| m == request.merchant_id)
+            && self.merchant_request_no == request.merchant_request_no
+            && self.amount == request.amount
+            && self.currency == request.currency
+            && self.order_no.as_deref().is_none_or(|o| o == request.order_no)
+    }
+}
+
+/// What closing a charge's number came to (`POST /v1/charges/{merchant_request_no}/close`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Closed {
+    /// No charge had been accepted under the number, and none will be from now on.
+    Closed,
+    /// A charge exists under the number, in its current status.
+    Charged(Charge),
+}
+
 /// `POST /v1/refunds`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RefundRequest {
+    /// The merchant refunding.
+    pub merchant_id: String,
     /// Stable refund number, derived from the payment.
     pub merchant_refund_no: String,
     /// The charge refunded.
@@ -92,7 +136,7 @@ pub struct Refund {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum ChannelError {
-    /// `400`/`409`/`422`: refused, nothing charged.
+    /// `400`/`409`/`422`: refused, nothing charged. The body is for logs and operators, never for clients.
     #[error("refused by the channel ({status}): {body}")]
     Refused {
         /// HTTP status.
@@ -110,8 +154,10 @@ pub enum ChannelError {
 pub trait Channel: Send + Sync + 'static {
     /// Creates (or, for a repeated `merchant_request_no`, returns) a charge.
     async fn charge(&self, request: &ChargeRequest) -> Result<Charge, ChannelError>;
-    /// The charge with this number; `None` if none was accepted.
-    async fn query(&self, merchant_request_no: &str) -> Result<Option<Charge>, ChannelError>;
+    /// The merchant's charge with this number; `None` if none was accepted (yet: a request may be in flight).
+    async fn query(&self, merchant_id: &str, merchant_request_no: &str) -> Result<Option<Charge>, ChannelError>;
+    /// Closes the merchant's number: afterwards no charge is accepted under it, or the one that was is returned.
+    async fn close(&self, merchant_id: &str, merchant_request_no: &str) -> Result<Closed, ChannelError>;
     /// Creates (or returns) a refund.
     async fn refund(&self, request: &RefundRequest) -> Result<Refund, ChannelError>;
 }

@@ -68,35 +68,40 @@ pub trait PaymentStore: Store {
     ) -> Sql<'c, bool>;
     /// Inserts the payment record; `false` when its `request_no` exists.
     fn insert_payment<'c>(conn: &'c mut Conn<Self>, payment: PaymentRecord) -> Sql<'c, bool>;
-    /// Order `pending → paying` if amount and currency match.
+    /// Order `pending → paying` if amount and currency match, reserved by the payment `request_no`.
     fn reserve_order<'c>(
         conn: &'c mut Conn<Self>,
         tenant: String,
         order_no: String,
         amount: i64,
         currency: String,
+        request_no: String,
         now: i64,
     ) -> Sql<'c, Reserve>;
-    /// Order `from → to`, version + 1; whether it was in `from`.
+    /// Order `paying → to`, version + 1, only while the payment `request_no` holds it (its reservation, not
+    /// another payment's); whether it did.
     fn move_order<'c>(
         conn: &'c mut Conn<Self>,
         tenant: String,
         order_no: String,
-        from: &'static str,
+        request_no: String,
         to: &'static str,
         now: i64,
     ) -> Sql<'c, bool>;
-    /// Sets a payment record's status (and charge id or decline code).
+    /// Sets the status (and charge id or decline code) of this payment's record — the tenant's `request_no`
+    /// inserted under `token` — while it is `processing`: never another payment's record, never a final one.
+    #[allow(clippy::too_many_arguments)]
     fn set_payment_status<'c>(
         conn: &'c mut Conn<Self>,
         tenant: String,
         request_no: String,
+        token: String,
         status: &'static str,
         charge_id: Option<String>,
         decline_code: Option<String>,
         now: i64,
     ) -> Sql<'c, ()>;
-    /// Token `→ completed` with its final response.
+    /// Token `in_use → completed` with its final response (a completed token keeps its first one).
     fn complete_token<'c>(
         conn: &'c mut Conn<Self>,
         token: String,
@@ -120,7 +125,7 @@ pub trait PaymentStore: Store {
         now: i64,
     ) -> Sql<'c, bool> {
         Box::pin(async move {
-            if !Self::move_order(&mut *conn, tenant.clone(), order_no, order_status::PAYING, order_status::PAID, now)
+            if !Self::move_order(&mut *conn, tenant.clone(), order_no, request_no.clone(), order_status::PAID, now)
                 .await?
             {
                 return Ok(false);
@@ -129,6 +134,7 @@ pub trait PaymentStore: Store {
                 &mut *conn,
                 tenant,
                 request_no,
+                token.clone(),
                 payment_status::SUCCEEDED,
                 Some(charge_id),
                 None,
@@ -230,11 +236,12 @@ macro_rules! impl_payment_store {
                 order_no: String,
                 amount: i64,
                 currency: String,
+                request_no: String,
                 now: i64,
             ) -> Sql<'c, Reserve> {
                 Box::pin(async move {
                     let done = sqlx::query(
-                        "UPDATE orders SET status = 'paying', version = version + 1, updated_at = $5 \
+                        "UPDATE orders SET status = 'paying', version = version + 1, reserved_by = $6, updated_at = $5 \
                          WHERE tenant = $1 AND order_no = $2 AND status = 'pending' AND amount = $3 AND currency = $4",
                     )
                     .bind(&tenant)
@@ -242,6 +249,7 @@ macro_rules! impl_payment_store {
                     .bind(amount)
                     .bind(&currency)
                     .bind(now)
+                    .bind(request_no)
                     .execute(&mut *conn)
                     .await?;
                     if done.rows_affected() == 1 {
@@ -261,18 +269,18 @@ macro_rules! impl_payment_store {
                 conn: &'c mut Conn<Self>,
                 tenant: String,
                 order_no: String,
-                from: &'static str,
+                request_no: String,
                 to: &'static str,
                 now: i64,
             ) -> Sql<'c, bool> {
                 Box::pin(async move {
                     let done = sqlx::query(
                         "UPDATE orders SET status = $4, version = version + 1, updated_at = $5 \
-                         WHERE tenant = $1 AND order_no = $2 AND status = $3",
+                         WHERE tenant = $1 AND order_no = $2 AND status = 'paying' AND reserved_by = $3",
                     )
                     .bind(tenant)
                     .bind(order_no)
-                    .bind(from)
+                    .bind(request_no)
                     .bind(to)
                     .bind(now)
                     .execute(conn)
@@ -285,6 +293,7 @@ macro_rules! impl_payment_store {
                 conn: &'c mut Conn<Self>,
                 tenant: String,
                 request_no: String,
+                token: String,
                 status: &'static str,
                 charge_id: Option<String>,
                 decline_code: Option<String>,
@@ -294,7 +303,7 @@ macro_rules! impl_payment_store {
                     sqlx::query(
                         "UPDATE payments SET status = $3, charge_id = COALESCE($4, charge_id), \
                          decline_code = COALESCE($5, decline_code), updated_at = $6 \
-                         WHERE tenant = $1 AND request_no = $2",
+                         WHERE tenant = $1 AND request_no = $2 AND token = $7 AND status = 'processing'",
                     )
                     .bind(tenant)
                     .bind(request_no)
@@ -302,6 +311,7 @@ macro_rules! impl_payment_store {
                     .bind(charge_id)
                     .bind(decline_code)
                     .bind(now)
+                    .bind(token)
                     .execute(conn)
                     .await?;
                     Ok(())
@@ -318,7 +328,7 @@ macro_rules! impl_payment_store {
                 Box::pin(async move {
                     sqlx::query(
                         "UPDATE idempotency_tokens SET state = 'completed', response_status = $2, response_body = $3, \
-                         updated_at = $4 WHERE token = $1",
+                         updated_at = $4 WHERE token = $1 AND state = 'in_use'",
                     )
                     .bind(token)
                     .bind(response_status)

@@ -70,13 +70,15 @@ impl PaymentStore for MySqlStore {
         order_no: String,
         amount: i64,
         currency: String,
+        request_no: String,
         now: i64,
     ) -> Sql<'c, Reserve> {
         Box::pin(async move {
             let done = sqlx::query(
-                "UPDATE orders SET status = 'paying', version = version + 1, updated_at = ? \
+                "UPDATE orders SET status = 'paying', version = version + 1, reserved_by = ?, updated_at = ? \
                  WHERE tenant = ? AND order_no = ? AND status = 'pending' AND amount = ? AND currency = ?",
             )
+            .bind(request_no)
             .bind(now)
             .bind(&tenant)
             .bind(&order_no)
@@ -101,20 +103,20 @@ impl PaymentStore for MySqlStore {
         conn: &'c mut Conn<Self>,
         tenant: String,
         order_no: String,
-        from: &'static str,
+        request_no: String,
         to: &'static str,
         now: i64,
     ) -> Sql<'c, bool> {
         Box::pin(async move {
             let done = sqlx::query(
                 "UPDATE orders SET status = ?, version = version + 1, updated_at = ? \
-                 WHERE tenant = ? AND order_no = ? AND status = ?",
+                 WHERE tenant = ? AND order_no = ? AND status = 'paying' AND reserved_by = ?",
             )
             .bind(to)
             .bind(now)
             .bind(tenant)
             .bind(order_no)
-            .bind(from)
+            .bind(request_no)
             .execute(conn)
             .await?;
             Ok(done.rows_affected() == 1)
@@ -125,6 +127,7 @@ impl PaymentStore for MySqlStore {
         conn: &'c mut Conn<Self>,
         tenant: String,
         request_no: String,
+        token: String,
         status: &'static str,
         charge_id: Option<String>,
         decline_code: Option<String>,
@@ -133,7 +136,8 @@ impl PaymentStore for MySqlStore {
         Box::pin(async move {
             sqlx::query(
                 "UPDATE payments SET status = ?, charge_id = COALESCE(?, charge_id), \
-                 decline_code = COALESCE(?, decline_code), updated_at = ? WHERE tenant = ? AND request_no = ?",
+                 decline_code = COALESCE(?, decline_code), updated_at = ? \
+                 WHERE tenant = ? AND request_no = ? AND token = ? AND status = 'processing'",
             )
             .bind(status)
             .bind(charge_id)
@@ -141,6 +145,7 @@ impl PaymentStore for MySqlStore {
             .bind(now)
             .bind(tenant)
             .bind(request_no)
+            .bind(token)
             .execute(conn)
             .await?;
             Ok(())
@@ -157,7 +162,7 @@ impl PaymentStore for MySqlStore {
         Box::pin(async move {
             sqlx::query(
                 "UPDATE idempotency_tokens SET state = 'completed', response_status = ?, response_body = ?, \
-                 updated_at = ? WHERE token = ?",
+                 updated_at = ? WHERE token = ? AND state = 'in_use'",
             )
             .bind(response_status)
             .bind(body)

@@ -66,7 +66,7 @@ pub(crate) fn reserve(
     parts.extend(d.write(
         "p_order",
         &format!(
-            "UPDATE orders SET status = 'paying', version = version + 1, updated_at = $5 \
+            "UPDATE orders SET status = 'paying', version = version + 1, reserved_by = $6, updated_at = $5 \
              WHERE tenant = $2 AND order_no = $7 AND status = 'pending' AND amount = $8 AND currency = $9 \
              AND {inserted}"
         ),
@@ -104,8 +104,9 @@ pub(crate) fn reserve(
 }
 
 /// `confirm`: order `paying → paid`, the record `succeeded` with `charge_id`, the token `completed` with the
-/// 201 `response`, which is also the step's output. Unless the order was `paying` nothing is written and the
-/// step fails with `not_paying`.
+/// 201 `response`, which is also the step's output. Unless the order was `paying` under this payment's
+/// reservation (and its record and token still in flight) nothing is written and the step fails with
+/// `not_paying`.
 pub(crate) fn confirm(
     d: PhaseDialect,
     i: &PaymentInput,
@@ -119,20 +120,20 @@ pub(crate) fn confirm(
     let mut parts = d.write(
         "p_order",
         "UPDATE orders SET status = 'paid', version = version + 1, updated_at = $5 \
-         WHERE tenant = $1 AND order_no = $2 AND status = 'paying'",
+         WHERE tenant = $1 AND order_no = $2 AND status = 'paying' AND reserved_by = $3",
     );
     parts.extend(d.write(
         "p_record",
         &format!(
             "UPDATE payments SET status = 'succeeded', charge_id = $4, updated_at = $5 \
-             WHERE tenant = $1 AND request_no = $3 AND {paying}"
+             WHERE tenant = $1 AND request_no = $3 AND token = $6 AND status = 'processing' AND {paying}"
         ),
     ));
     parts.extend(d.write(
         "p_token",
         &format!(
             "UPDATE idempotency_tokens SET state = 'completed', response_status = $8, response_body = $7, \
-             updated_at = $5 WHERE token = $6 AND {paying}"
+             updated_at = $5 WHERE token = $6 AND state = 'in_use' AND {paying}"
         ),
     ));
     let args = vec![

@@ -1,0 +1,11 @@
+-- The request number of the payment that moved the order to `paying` (and, once confirmed, `paid`). A payment's
+-- compensation and its confirm move the order only while it is `paying` under that payment's own number, so a
+-- payment never undoes or completes another payment's reservation.
+ALTER TABLE orders ADD COLUMN reserved_by VARCHAR(255) NULL;
+
+-- Orders reserved before this column existed: held by their payment still in flight.
+UPDATE orders o SET reserved_by = (
+    SELECT p.request_no FROM payments p
+    WHERE p.tenant = o.tenant AND p.order_no = o.order_no AND p.status = 'processing'
+    ORDER BY p.created_at DESC LIMIT 1
+) WHERE o.status = 'paying' AND o.reserved_by IS NULL;
