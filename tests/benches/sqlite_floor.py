@@ -33,7 +33,7 @@ def main():
         c.executescript(open(os.path.join(MIGRATIONS, name)).read())
     c.execute("BEGIN")
     for n in range(args.count):
-        c.execute("INSERT INTO orders VALUES ('default', ?, 1000, 'CNY', 'pending', 0, 0, 0)", (f"o{n}",))
+        c.execute("INSERT INTO orders VALUES ('default', ?, 1000, 'CNY', 'pending', 0, 0, 0, NULL)", (f"o{n}",))
         c.execute(
             "INSERT INTO idempotency_tokens (token, tenant, state, created_at, expires_at, updated_at) "
             "VALUES (?, 'default', 'issued', 0, 9000000000000, 0)",
@@ -67,8 +67,9 @@ def main():
             (f"r{n}", f"o{n}", f"tok{n}"),
         )
         c.execute(
-            "UPDATE orders SET status = 'paying', version = version + 1 WHERE tenant = 'default' AND order_no = ?",
-            (f"o{n}",),
+            "UPDATE orders SET status = 'paying', version = version + 1, reserved_by = ? "
+            "WHERE tenant = 'default' AND order_no = ?",
+            (f"r{n}", f"o{n}"),
         )
         c.execute(
             "INSERT INTO workflows VALUES (?, 'payment', ?, 'h', 'running', NULL, NULL, 'owner', 2, 1, 1, 0, 1, 1, ?)",
@@ -82,8 +83,9 @@ def main():
         c.execute(end)
         c.execute(begin)
         c.execute(
-            "UPDATE orders SET status = 'paid', version = version + 1 WHERE tenant = 'default' AND order_no = ?",
-            (f"o{n}",),
+            "UPDATE orders SET status = 'paid', version = version + 1 "
+            "WHERE tenant = 'default' AND order_no = ? AND status = 'paying' AND reserved_by = ?",
+            (f"o{n}", f"r{n}"),
         )
         c.execute(
             "UPDATE payments SET status = 'succeeded', charge_id = 'ch' WHERE tenant = 'default' AND request_no = ?",
