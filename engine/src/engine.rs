@@ -76,13 +76,18 @@ pub(crate) struct Core<S: Store> {
 }
 
 impl<S: Store> Core<S> {
-    /// Extends every lease this process holds; a deadlock or lock timeout is tried again at once, a few times
-    /// (the lease would otherwise wait a whole heartbeat period closer to its end).
+    /// Extends the leases of the workflows a live task of this process drives (a run that stopped, however,
+    /// lets its lease expire, so that any process resumes it); a deadlock or lock timeout is tried again at
+    /// once, a few times (the lease would otherwise wait a whole heartbeat period closer to its end).
     async fn heartbeat(&self) -> Result<u64> {
+        let ids: Vec<String> = self.running().keys().cloned().collect();
+        if ids.is_empty() {
+            return Ok(0);
+        }
         let mut tries = 0;
         loop {
             let now = self.now();
-            match self.store.heartbeat(&self.owner, now + millis(self.config.lease), now).await {
+            match self.store.heartbeat(&self.owner, &ids, now + millis(self.config.lease), now).await {
                 Err(Error::Database(e)) if is_transient(&e) && tries < 3 => tries += 1,
                 done => return done,
             }
