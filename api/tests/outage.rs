@@ -1,7 +1,7 @@
 //! The database goes away under load: requests fail fast with `503 unavailable` and `Retry-After` (no hang,
 //! no 500), the process stays up, and once the database is back the in-flight payments finish with the
 //! invariants intact. These tests stop and start the machine's Postgres cluster and MariaDB server, so they live
-//! alone in their test binary (cargo runs test binaries one after another).
+//! alone in their test binary (cargo runs test binaries one after another), one test at a time ([`SERVERS`]).
 
 mod common;
 
@@ -13,6 +13,9 @@ use onceflow_payments::{MockChannel, MockChannelConfig, PaymentStore, check_inva
 use serde_json::json;
 
 const ONCEFLOW: &str = env!("CARGO_BIN_EXE_onceflow");
+
+/// Held for each test's whole duration: the tests stop and start the same servers.
+static SERVERS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// A database server on this machine the test can stop and start.
 trait Server {
@@ -120,6 +123,7 @@ impl Drop for Serve {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_database_outage_is_503_then_everything_finishes_postgres() {
+    let _servers = SERVERS.lock().await;
     let Some(db) = common::database("postgres").await else {
         eprintln!("skipped: DATABASE_URL is not set");
         return;
@@ -133,6 +137,7 @@ async fn a_database_outage_is_503_then_everything_finishes_postgres() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_database_outage_is_503_then_everything_finishes_mysql() {
+    let _servers = SERVERS.lock().await;
     let Some(db) = common::database("mysql").await else {
         eprintln!("skipped: MYSQL_URL is not set");
         return;
@@ -144,10 +149,9 @@ async fn a_database_outage_is_503_then_everything_finishes_mysql() {
     outage(&db, &server, async { MySqlStore::connect(&db, 2).await.unwrap() }).await;
 }
 
-/// Payments in flight against `db`, `server` stopped and started again; checked afterwards through the store
-/// `connect` opens.
-async fn outage<S: PaymentStore>(db: &str, server: &dyn Server, connect: impl std::future::Future<Output = S>) {
-    let ledger = MockChannel::new(MockChannelConfig { latency_ms: 1500, ..Default::default() });
+/// `onceflow serve` on `db` with leases of `lease_ms`, paying through `ledger` served over HTTP; once ready, its
+/// base URL and a client.
+async fn serve(db: &str, ledger: &MockChannel, lease_ms: u64) -> (Serve, String, reqwest::Client) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let channel = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(axum::serve(listener, mock_channel_router(ledger.clone())).into_future());
@@ -156,7 +160,7 @@ async fn outage<S: PaymentStore>(db: &str, server: &dyn Server, connect: impl st
     let serve = Serve(
         Command::new(ONCEFLOW)
             .args(["serve", "--database-url", db, "--listen", &format!("127.0.0.1:{port}")])
-            .args(["--channel-url", &channel, "--lease-ms", "1000"])
+            .args(["--channel-url", &channel, "--lease-ms", &lease_ms.to_string()])
             .env("RUST_LOG", "error")
             .stdout(Stdio::null())
             .spawn()
@@ -168,6 +172,14 @@ async fn outage<S: PaymentStore>(db: &str, server: &dyn Server, connect: impl st
         assert!(started.elapsed() < Duration::from_secs(30));
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    (serve, base, client)
+}
+
+/// Payments in flight against `db`, `server` stopped and started again; checked afterwards through the store
+/// `connect` opens.
+async fn outage<S: PaymentStore>(db: &str, server: &dyn Server, connect: impl std::future::Future<Output = S>) {
+    let ledger = MockChannel::new(MockChannelConfig { latency_ms: 1500, ..Default::default() });
+    let (serve, base, client) = serve(db, &ledger, 1000).await;
 
     // Payments in flight: their channel calls take 1.5 s.
     let mut tokens = Vec::new();
@@ -227,5 +239,88 @@ async fn outage<S: PaymentStore>(db: &str, server: &dyn Server, connect: impl st
     let violations = check_invariants(&store, &ledger.ledger()).await.unwrap();
     assert!(violations.is_empty(), "{violations:?}");
     assert_eq!(ledger.ledger().charges.len(), 5);
+    drop(serve);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_stopped_by_an_outage_resumes_without_a_restart_postgres() {
+    let _servers = SERVERS.lock().await;
+    let Some(db) = common::database("postgres").await else {
+        eprintln!("skipped: DATABASE_URL is not set");
+        return;
+    };
+    let Some(server) = Postgres::find() else {
+        eprintln!("skipped: no local Postgres cluster to stop");
+        return;
+    };
+    stopped_run(&db, &server, async { PgStore::connect(&db, 2).await.unwrap() }).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_stopped_by_an_outage_resumes_without_a_restart_mysql() {
+    let _servers = SERVERS.lock().await;
+    let Some(db) = common::database("mysql").await else {
+        eprintln!("skipped: MYSQL_URL is not set");
+        return;
+    };
+    let Some(server) = MariaDb::find() else {
+        eprintln!("skipped: no local MariaDB server to stop");
+        return;
+    };
+    stopped_run(&db, &server, async { MySqlStore::connect(&db, 2).await.unwrap() }).await;
+}
+
+/// One payment in flight when the database stops for ~3 s (plus the time to stop and start it), shorter than the
+/// lease: the run's commit after the
+/// channel call fails, and so does its release, so the run stops with the lease held. The process must not keep
+/// that lease alive: once it expires, the process resumes the payment itself, without a restart.
+async fn stopped_run<S: PaymentStore>(db: &str, server: &dyn Server, connect: impl std::future::Future<Output = S>) {
+    let ledger = MockChannel::new(MockChannelConfig { latency_ms: 1500, ..Default::default() });
+    // The lease outlives the outage with room for a heartbeat after it (stopping and starting Postgres takes
+    // up to ~6 s here): before the fix, that heartbeat kept the stopped run's lease alive for good.
+    let (serve, base, client) = serve(db, &ledger, 12_000).await;
+    let order = json!({"order_no": "O-stopped", "amount": 1000, "currency": "CNY"});
+    client.post(format!("{base}/v1/orders")).json(&order).send().await.unwrap();
+    let token: serde_json::Value = client.post(format!("{base}/v1/tokens")).send().await.unwrap().json().await.unwrap();
+    let token = token["token"].as_str().unwrap().to_owned();
+    let pay = |wait: &'static str| {
+        client
+            .post(format!("{base}/v1/payments"))
+            .header("idempotency-key", &token)
+            .header("prefer", wait)
+            .json(&order)
+            .send()
+    };
+    let r = pay("wait=0").await.unwrap();
+    assert_eq!(r.status(), 202);
+    let paid = Instant::now();
+
+    // The channel call takes 1.5 s: the database is gone before it returns, and back before the lease ends.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let restart = Restart(server);
+    server.stop();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    drop(restart);
+    let back = Instant::now();
+    eprintln!("database back {:?} after the payment started", paid.elapsed());
+
+    let last = loop {
+        let answer = match pay("wait=5").await {
+            Ok(r) => (r.status().as_u16(), r.text().await.unwrap_or_default()),
+            Err(e) => (0, e.to_string()),
+        };
+        if answer.0 == 201 || back.elapsed() > Duration::from_secs(40) {
+            break answer;
+        }
+        if answer.0 != 202 {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    };
+    assert_eq!(last.0, 201, "not finished {:?} after the database came back: {}", back.elapsed(), last.1);
+    eprintln!("finished {:?} after the database came back", back.elapsed());
+    let store = connect.await;
+    let violations = check_invariants(&store, &ledger.ledger()).await.unwrap();
+    assert!(violations.is_empty(), "{violations:?}");
+    assert_eq!(ledger.ledger().charges.len(), 1);
     drop(serve);
 }

@@ -2,6 +2,7 @@
 //! with its heartbeat, operator actions and graceful shutdown.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -60,6 +61,15 @@ struct Waiters {
     count: usize,
 }
 
+/// A workflow a task of this process drives now.
+struct Driven {
+    /// Which run drives it: only that run's end takes the workflow out of [`Core::running`] (an older run of the
+    /// same id, fenced and still unwinding when this process claimed the workflow again, must not).
+    run: u64,
+    /// Its input hash, which a start of the same id attaches by.
+    input_hash: String,
+}
+
 /// What every running workflow of one engine shares.
 pub(crate) struct Core<S: Store> {
     pub(crate) store: S,
@@ -68,21 +78,28 @@ pub(crate) struct Core<S: Store> {
     clock: Arc<dyn Clock>,
     owner: String,
     registry: HashMap<&'static str, Arc<dyn ErasedWorkflow<S>>>,
-    /// Workflows this process is running now, with their input hashes.
-    running: Mutex<HashMap<String, String>>,
+    /// Workflows a live task of this process drives now: the only ones its heartbeat extends.
+    running: Mutex<HashMap<String, Driven>>,
+    /// The token of the next run (see [`Driven::run`]).
+    next_run: AtomicU64,
     waiters: Mutex<HashMap<String, Waiters>>,
     /// Whether this store forwards other processes' notifications (decided once, by `Store::listen`).
     listener: OnceCell<bool>,
 }
 
 impl<S: Store> Core<S> {
-    /// Extends every lease this process holds; a deadlock or lock timeout is tried again at once, a few times
-    /// (the lease would otherwise wait a whole heartbeat period closer to its end).
+    /// Extends the leases of the workflows a live task of this process drives (a run that stopped, however,
+    /// lets its lease expire, so that any process resumes it); a deadlock or lock timeout is tried again at
+    /// once, a few times (the lease would otherwise wait a whole heartbeat period closer to its end).
     async fn heartbeat(&self) -> Result<u64> {
+        let ids: Vec<String> = self.running().keys().cloned().collect();
+        if ids.is_empty() {
+            return Ok(0);
+        }
         let mut tries = 0;
         loop {
             let now = self.now();
-            match self.store.heartbeat(&self.owner, now + millis(self.config.lease), now).await {
+            match self.store.heartbeat(&self.owner, &ids, now + millis(self.config.lease), now).await {
                 Err(Error::Database(e)) if is_transient(&e) && tries < 3 => tries += 1,
                 done => return done,
             }
@@ -94,12 +111,23 @@ impl<S: Store> Core<S> {
         self.clock.now_ms()
     }
 
-    fn running(&self) -> std::sync::MutexGuard<'_, HashMap<String, String>> {
+    fn running(&self) -> std::sync::MutexGuard<'_, HashMap<String, Driven>> {
         self.running.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    pub(crate) fn forget_running(&self, workflow_id: &str) {
-        self.running().remove(workflow_id);
+    /// Records that a new run drives `workflow_id` (replacing an older run's entry); returns the run's token.
+    fn drive_here(running: &mut HashMap<String, Driven>, next_run: &AtomicU64, workflow_id: &str, hash: &str) -> u64 {
+        let run = next_run.fetch_add(1, Ordering::Relaxed);
+        running.insert(workflow_id.to_owned(), Driven { run, input_hash: hash.to_owned() });
+        run
+    }
+
+    /// Run `run` of `workflow_id` ended: the workflow is no longer driven here, unless a newer run drives it.
+    pub(crate) fn forget_running(&self, workflow_id: &str, run: u64) {
+        let mut running = self.running();
+        if running.get(workflow_id).is_some_and(|d| d.run == run) {
+            running.remove(workflow_id);
+        }
     }
 
     /// Wakes the waiters of `workflow_id` (only them).
@@ -176,6 +204,7 @@ impl<S: Store> EngineBuilder<S> {
                 owner: uuid::Uuid::new_v4().to_string(),
                 registry: self.registry,
                 running: Mutex::new(HashMap::new()),
+                next_run: AtomicU64::new(1),
                 waiters: Mutex::new(HashMap::new()),
                 listener: OnceCell::new(),
             }),
@@ -262,13 +291,13 @@ impl<S: Store> Engine<S> {
         if self.core.shutdown.is_cancelled() {
             return Err(Error::ShuttingDown);
         }
-        {
+        let run = {
             let mut running = self.core.running();
-            if let Some(running_hash) = running.get(workflow_id) {
-                return self.attach_if_same(workflow_id, running_hash == &hash);
+            if let Some(driven) = running.get(workflow_id) {
+                return self.attach_if_same(workflow_id, driven.input_hash == hash);
             }
-            running.insert(workflow_id.to_owned(), hash.clone());
-        }
+            Core::<S>::drive_here(&mut running, &self.core.next_run, workflow_id, &hash)
+        };
         let now = self.core.now();
         let record = WorkflowRecord {
             workflow_id: workflow_id.to_owned(),
@@ -288,7 +317,7 @@ impl<S: Store> Engine<S> {
         };
         let (tx, rx) = oneshot::channel();
         let early = self.core.subscribe(workflow_id);
-        tokio::spawn(drive(self.core.clone(), wf, record, true, Some(tx)));
+        tokio::spawn(drive(self.core.clone(), wf, record, run, true, Some(tx)));
         match rx.await {
             Ok(Ok(true)) => Ok(self.handle(workflow_id, false, Some(early))),
             Ok(Err(e)) => Err(e),
@@ -439,8 +468,13 @@ impl<S: Store> Engine<S> {
                 continue;
             };
             tracing::info!(workflow_id = %record.workflow_id, state = %record.state, "resuming workflow");
-            self.core.running().insert(record.workflow_id.clone(), record.input_hash.clone());
-            tokio::spawn(drive(self.core.clone(), wf, record, false, None));
+            let run = Core::<S>::drive_here(
+                &mut self.core.running(),
+                &self.core.next_run,
+                &record.workflow_id,
+                &record.input_hash,
+            );
+            tokio::spawn(drive(self.core.clone(), wf, record, run, false, None));
         }
         Ok(count)
     }

@@ -17,27 +17,57 @@ use crate::workflow::{Compensation, ErasedWorkflow};
 /// How many times a run replays a phase or commit undone by a transient error before releasing the workflow.
 const MAX_TRANSIENT_REPLAYS: u32 = 5;
 
-/// Runs `record` until it ends or stops, then tells waiters. `insert` is true for a fresh start whose row the
-/// first commit inserts.
+/// What a start refused or lost to a duplicate hears once its run is no longer driven here.
+type Unrecorded = Option<(Option<StartSignal>, Result<bool, Error>)>;
+
+/// Runs `record` (as run `run` of this process, see `Core::forget_running`) until it ends or stops, then tells
+/// waiters. `insert` is true for a fresh start whose row the first commit inserts.
 pub(crate) async fn drive<S: Store>(
     core: Arc<Core<S>>,
     wf: Arc<dyn ErasedWorkflow<S>>,
     record: WorkflowRecord,
+    run: u64,
     insert: bool,
     started: Option<StartSignal>,
 ) {
-    let id = record.workflow_id.clone();
-    let mut unrecorded = None;
-    let outcome = drive_until_stopped(&core, wf.as_ref(), record, insert, started, &mut unrecorded).await;
-    core.forget_running(&id);
-    // A start refused or lost to a duplicate hears of it only now: its caller may start the id again at once,
-    // which must not find this run still here.
-    if let Some((started, result)) = unrecorded {
-        signal(started, result);
+    let workflow_id = record.workflow_id.clone();
+    let mut stopped = Stopped { core, workflow_id, run, returned: false, outcome: None, unrecorded: None };
+    let outcome =
+        drive_until_stopped(&stopped.core, wf.as_ref(), record, insert, started, &mut stopped.unrecorded).await;
+    stopped.returned = true;
+    stopped.outcome = outcome.map(Arc::new);
+}
+
+/// The end of a run, however it ends: returned, panicked, or its task dropped. On drop the workflow is no
+/// longer driven here (so the heartbeat lets its lease expire, unless a newer run of this process drives it),
+/// then the start and waiters hear of it.
+struct Stopped<S: Store> {
+    core: Arc<Core<S>>,
+    workflow_id: String,
+    run: u64,
+    /// Whether the run returned (else it panicked, or its task was dropped).
+    returned: bool,
+    /// The run's outcome; `None` (also after a panic) sends waiters to the database.
+    outcome: Option<Arc<Outcome>>,
+    unrecorded: Unrecorded,
+}
+
+impl<S: Store> Drop for Stopped<S> {
+    fn drop(&mut self) {
+        if !self.returned {
+            tracing::error!(workflow_id = %self.workflow_id,
+                "workflow run panicked or was dropped; it is resumed once its lease expires");
+        }
+        self.core.forget_running(&self.workflow_id, self.run);
+        // A start refused or lost to a duplicate hears of it only now: its caller may start the id again at
+        // once, which must not find this run still here.
+        if let Some((started, result)) = self.unrecorded.take() {
+            signal(started, result);
+        }
+        // Without an outcome, waiters that attached in this process look at the database again (a refused
+        // start left no workflow there; a panicked run left it to be resumed).
+        self.core.announce(&self.workflow_id, self.outcome.take());
     }
-    // Without an outcome, waiters that attached in this process look at the database again (a refused start
-    // left no workflow there).
-    core.announce(&id, outcome.map(Arc::new));
 }
 
 async fn drive_until_stopped<S: Store>(
@@ -46,7 +76,7 @@ async fn drive_until_stopped<S: Store>(
     mut record: WorkflowRecord,
     mut insert: bool,
     mut started: Option<StartSignal>,
-    unrecorded: &mut Option<(Option<StartSignal>, Result<bool, Error>)>,
+    unrecorded: &mut Unrecorded,
 ) -> Option<Outcome> {
     let id = record.workflow_id.clone();
     let mut carried: Vec<StepRecord> = Vec::new();
@@ -151,12 +181,16 @@ fn signal(started: Option<StartSignal>, result: Result<bool, Error>) {
 }
 
 /// After a database failure: logs it and, if the workflow is recorded, releases it to be retried in a second
-/// (by any process); if releasing fails too, the lease simply expires.
+/// (by any process); if releasing fails too, the lease simply expires (the run is no longer driven here, so
+/// no heartbeat extends it).
 async fn back_off<S: Store>(core: &Core<S>, record: &WorkflowRecord, e: &Error, unrecorded: bool) {
     tracing::warn!(workflow_id = %record.workflow_id, error = %e, "workflow run stopped; it will be retried");
     if !unrecorded {
         let now = core.now();
-        let _ = core.store.release(&record.workflow_id, record.lease_epoch, now + 1000, now).await;
+        if let Err(e) = core.store.release(&record.workflow_id, record.lease_epoch, now + 1000, now).await {
+            tracing::warn!(workflow_id = %record.workflow_id, error = %e,
+                "could not release the workflow; it is resumed once its lease expires");
+        }
     }
 }
 

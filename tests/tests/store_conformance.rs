@@ -173,7 +173,7 @@ async fn claims_only_due_and_unleased<S: TestDb>(store: S) {
     assert_eq!(got, [("expired", 2), ("free", 2)]);
     assert!(claimed.iter().all(|w| w.lease_owner.as_deref() == Some("me") && w.lease_expires_at == Some(200)));
     assert!(store.claim_due("you", 150, 300, 10).await.unwrap().is_empty(), "held leases are not claimed");
-    assert_eq!(store.heartbeat("me", 400, 150).await.unwrap(), 2);
+    assert_eq!(store.heartbeat("me", &["expired".into(), "free".into()], 400, 150).await.unwrap(), 2);
     assert!(store.claim_due("you", 300, 500, 10).await.unwrap().is_empty(), "the heartbeat extended them");
     assert!(!store.release("free", 1, 0, 300).await.unwrap(), "release checks the epoch");
     assert!(store.release("free", 2, 0, 300).await.unwrap());

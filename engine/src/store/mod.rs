@@ -376,8 +376,16 @@ pub trait Store: Clone + Send + Sync + 'static {
         limit: i64,
     ) -> impl Future<Output = Result<Vec<WorkflowRecord>>> + Send;
 
-    /// Extends every lease `owner` holds on an unfinished workflow. Returns how many.
-    fn heartbeat(&self, owner: &str, lease_until: i64, now: i64) -> impl Future<Output = Result<u64>> + Send;
+    /// Extends the leases of `workflow_ids` (the workflows a live task of the process drives) until
+    /// `lease_until`, each only while `owner` still holds it unexpired at `now` on an unfinished workflow; any
+    /// other lease of `owner` is left to expire. Returns how many were extended. An empty list does no query.
+    fn heartbeat(
+        &self,
+        owner: &str,
+        workflow_ids: &[String],
+        lease_until: i64,
+        now: i64,
+    ) -> impl Future<Output = Result<u64>> + Send;
 
     /// Releases one workflow, runnable again at `next_attempt_at`, if `epoch` still holds it.
     fn release(

@@ -37,8 +37,11 @@ const FENCE: &str = "UPDATE workflows SET state = COALESCE(?, state), output = C
 const SELECT_WORKFLOW: &str = "SELECT * FROM workflows WHERE workflow_id = ?";
 const SELECT_STEPS: &str = "SELECT * FROM workflow_steps WHERE workflow_id = ? ORDER BY started_at, step_key";
 const SELECT_COMPENSATIONS: &str = "SELECT compensations FROM workflows WHERE workflow_id = ?";
+/// The heartbeat, followed by the list of ids it extends (`(?, ?, …)`, at most [`HEARTBEAT_CHUNK`]).
 const HEARTBEAT: &str = "UPDATE workflows SET lease_expires_at = ? \
-    WHERE lease_owner = ? AND state IN ('running', 'compensating') AND lease_expires_at > ?";
+    WHERE lease_owner = ? AND state IN ('running', 'compensating') AND lease_expires_at > ? AND workflow_id IN ";
+/// Most ids one heartbeat statement lists.
+const HEARTBEAT_CHUNK: usize = 500;
 const RELEASE: &str = "UPDATE workflows SET lease_owner = NULL, lease_expires_at = NULL, next_attempt_at = ?, \
     updated_at = ? WHERE workflow_id = ? AND lease_epoch = ?";
 const RELEASE_ALL: &str = "UPDATE workflows SET lease_owner = NULL, lease_expires_at = NULL, next_attempt_at = ?, \
@@ -230,9 +233,17 @@ impl Store for MySqlStore {
         Ok(claimed)
     }
 
-    async fn heartbeat(&self, owner: &str, lease_until: i64, now: i64) -> Result<u64> {
-        let done = sqlx::query(HEARTBEAT).bind(lease_until).bind(owner).bind(now).execute(&self.pool).await?;
-        Ok(done.rows_affected())
+    async fn heartbeat(&self, owner: &str, workflow_ids: &[String], lease_until: i64, now: i64) -> Result<u64> {
+        let mut extended = 0;
+        for ids in workflow_ids.chunks(HEARTBEAT_CHUNK) {
+            let sql = format!("{HEARTBEAT}({})", placeholders(ids.len()));
+            let mut q = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(lease_until).bind(owner).bind(now);
+            for id in ids {
+                q = q.bind(id);
+            }
+            extended += q.execute(&self.pool).await?.rows_affected();
+        }
+        Ok(extended)
     }
 
     async fn release(&self, workflow_id: &str, epoch: i64, next_attempt_at: i64, now: i64) -> Result<bool> {

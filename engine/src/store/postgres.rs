@@ -67,6 +67,16 @@ impl Store for PgStore {
 
     shared_store_methods!();
 
+    async fn heartbeat(&self, owner: &str, workflow_ids: &[String], lease_until: i64, now: i64) -> Result<u64> {
+        if workflow_ids.is_empty() {
+            return Ok(0);
+        }
+        let mut w = self.writer().await?;
+        let q = sqlx::query(shared::HEARTBEAT_POSTGRES).bind(owner).bind(lease_until).bind(now).bind(workflow_ids);
+        let done = q.execute(&mut *w).await;
+        Ok(w.check(done)?.rows_affected())
+    }
+
     async fn migrate(&self) -> Result<()> {
         MIGRATOR.run(&self.pool).await?;
         Ok(())

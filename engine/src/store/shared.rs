@@ -52,8 +52,21 @@ pub(crate) const SELECT_WORKFLOW: &str = "SELECT * FROM workflows WHERE workflow
 pub(crate) const SELECT_STEPS: &str =
     "SELECT * FROM workflow_steps WHERE workflow_id = $1 ORDER BY started_at, step_key";
 pub(crate) const SELECT_COMPENSATIONS: &str = "SELECT compensations FROM workflows WHERE workflow_id = $1";
-pub(crate) const HEARTBEAT: &str = "UPDATE workflows SET lease_expires_at = $2 \
-    WHERE lease_owner = $1 AND state IN ('running', 'compensating') AND lease_expires_at > $3";
+/// The heartbeat, less its list of workflow ids (`$4`, see [`HEARTBEAT_POSTGRES`] and [`HEARTBEAT_SQLITE`]):
+/// `owner`, `lease_until`, `now`.
+macro_rules! heartbeat_sql {
+    ($ids:literal) => {
+        concat!(
+            "UPDATE workflows SET lease_expires_at = $2 WHERE workflow_id ",
+            $ids,
+            " AND lease_owner = $1 AND state IN ('running', 'compensating') AND lease_expires_at > $3"
+        )
+    };
+}
+/// The heartbeat on Postgres: the ids as one `text[]`.
+pub(crate) const HEARTBEAT_POSTGRES: &str = heartbeat_sql!("= ANY($4)");
+/// The heartbeat on SQLite: the ids as one JSON array.
+pub(crate) const HEARTBEAT_SQLITE: &str = heartbeat_sql!("IN (SELECT value FROM json_each($4))");
 pub(crate) const RELEASE: &str = "UPDATE workflows SET lease_owner = NULL, lease_expires_at = NULL, \
     next_attempt_at = $3, updated_at = $4 WHERE workflow_id = $1 AND lease_epoch = $2";
 pub(crate) const RELEASE_ALL: &str = "UPDATE workflows SET lease_owner = NULL, lease_expires_at = NULL, \
@@ -388,12 +401,6 @@ macro_rules! shared_store_methods {
             let q = sqlx::query_scalar(shared::SELECT_COMPENSATIONS).bind(workflow_id);
             let stored: Option<Option<String>> = q.fetch_optional(&self.pool).await?;
             super::compensations::decode(workflow_id, stored.flatten().as_deref())
-        }
-
-        async fn heartbeat(&self, owner: &str, lease_until: i64, now: i64) -> Result<u64> {
-            let mut w = self.writer().await?;
-            let done = sqlx::query(shared::HEARTBEAT).bind(owner).bind(lease_until).bind(now).execute(&mut *w).await;
-            Ok(w.check(done)?.rows_affected())
         }
 
         async fn release(&self, workflow_id: &str, epoch: i64, next_attempt_at: i64, now: i64) -> Result<bool> {

@@ -87,6 +87,17 @@ impl Store for SqliteStore {
 
     shared_store_methods!();
 
+    async fn heartbeat(&self, owner: &str, workflow_ids: &[String], lease_until: i64, now: i64) -> Result<u64> {
+        if workflow_ids.is_empty() {
+            return Ok(0);
+        }
+        let ids = serde_json::to_string(workflow_ids)?;
+        let mut w = self.writer().await?;
+        let q = sqlx::query(shared::HEARTBEAT_SQLITE).bind(owner).bind(lease_until).bind(now).bind(ids);
+        let done = q.execute(&mut *w).await;
+        Ok(w.check(done)?.rows_affected())
+    }
+
     async fn migrate(&self) -> Result<()> {
         MIGRATOR.run(&self.writer).await?;
         Ok(())
