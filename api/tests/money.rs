@@ -184,6 +184,27 @@ async fn a_cancel_during_a_charge(url: &str) {
     assert!(channel.closes() >= 1, "the number was closed before anything was undone");
 }
 
+on_every_backend!(a_refusal_after_an_unknown_outcome:
+    a_refusal_after_an_unknown_outcome_still_closes_the_number_sqlite => "sqlite",
+    a_refusal_after_an_unknown_outcome_still_closes_the_number_postgres => "postgres",
+    a_refusal_after_an_unknown_outcome_still_closes_the_number_mysql => "mysql",
+);
+
+/// A refusal speaks only for its own request: the first charge request times out while the channel holds it,
+/// the second is refused because the first is still in flight. The payment fails `channel_refused`, and the
+/// number is closed before the order is released, so the first request cannot land on a `pending` order.
+async fn a_refusal_after_an_unknown_outcome(url: &str) {
+    let channel = TestChannel::serve_busy(Duration::from_millis(1500)).await;
+    let impatient = Arc::new(HttpChannel::new(&channel.url, Duration::from_millis(300)).unwrap());
+    let app = common::start(url, impatient, Auth::SingleTenant).await;
+    let (_, refused) = order_and_pay(&app, "O-1", 1000, "R-1").await;
+    refused.assert_problem(422, "channel_refused");
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    assert_eq!(channel.kept("default", "O-1"), 0, "{:?}", channel.charges());
+    assert_eq!(order_status(&app, "O-1").await, "pending");
+    assert!(channel.closes() >= 1, "the number was closed");
+}
+
 on_every_backend!(a_cancel_of_a_rejected_payment:
     a_cancel_of_a_rejected_payment_leaves_the_payment_in_flight_alone_sqlite => "sqlite",
     a_cancel_of_a_rejected_payment_leaves_the_payment_in_flight_alone_postgres => "postgres",

@@ -3,9 +3,11 @@
 -- payment never undoes or completes another payment's reservation.
 ALTER TABLE orders ADD COLUMN reserved_by VARCHAR(255) NULL;
 
--- Orders reserved before this column existed: held by their payment still in flight.
+-- Orders reserved before this column existed: held by their payment in flight, the oldest processing record of the
+-- order with its amount and currency (a payment rejected meanwhile came later; stop the old binaries first).
 UPDATE orders o SET reserved_by = (
     SELECT p.request_no FROM payments p
     WHERE p.tenant = o.tenant AND p.order_no = o.order_no AND p.status = 'processing'
-    ORDER BY p.created_at DESC LIMIT 1
+      AND p.amount = o.amount AND p.currency = o.currency
+    ORDER BY p.created_at, p.request_no LIMIT 1
 ) WHERE o.status = 'paying' AND o.reserved_by IS NULL;

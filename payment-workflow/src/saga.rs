@@ -78,10 +78,14 @@ enum ChargeOutcome {
     Declined {
         decline_code: Option<String>,
     },
-    /// A definite refusal (`4xx`): nothing was charged. The channel's answer is kept here, for operators.
+    /// A refusal (`4xx`) of this attempt's request: it charged nothing. The channel's answer is kept here, for
+    /// operators. `after_unknown`: an earlier attempt's request may still be in flight (a refusal speaks only
+    /// for its own request), so the number must still be closed before anything is undone.
     Refused {
         status: u16,
         body: String,
+        #[serde(default)]
+        after_unknown: bool,
     },
     /// The channel holds a charge under this number that is not this payment's (another merchant's, or other
     /// fields): someone else's, never success for this payment, never refunded by it.
@@ -192,7 +196,7 @@ impl<S: PaymentStore> Workflow<S> for PaymentSaga {
                     .with_details(json!({ "status": 402, "body": body.to_string(), "decline_code": code }));
                 return Err(Interrupt::Failed(failure));
             }
-            ChargeOutcome::Refused { status, body } => {
+            ChargeOutcome::Refused { status, body, .. } => {
                 // The channel's answer stays in the step's output and the log, never in the client's problem.
                 tracing::warn!(request_no = %i.request_no, status, %body, "the channel refused the charge");
                 let detail = "the payment channel refused the charge; nothing was charged";
@@ -246,16 +250,20 @@ impl<S: PaymentStore> Workflow<S> for PaymentSaga {
             "refund" => {
                 let done: Option<ChargeOutcome> =
                     compensation.forward.clone().and_then(|f| serde_json::from_value(f).ok());
-                if let Some(ChargeOutcome::Declined { .. } | ChargeOutcome::Refused { .. } | ChargeOutcome::NotOurs) =
-                    done
-                {
+                let charged = match done {
                     // A definite answer that charged nothing of this payment's: nothing to undo.
-                    return Ok(());
-                }
+                    Some(
+                        ChargeOutcome::Declined { .. }
+                        | ChargeOutcome::NotOurs
+                        | ChargeOutcome::Refused { after_unknown: false, .. },
+                    ) => return Ok(()),
+                    Some(ChargeOutcome::Charged { .. }) => true,
+                    // Unknown, or refused while an earlier request may be in flight: close the number first.
+                    Some(ChargeOutcome::Refused { after_unknown: true, .. }) | None => false,
+                };
                 let channel = &self.channel;
-                let undone = ctx
-                    .external(step("refund").retry(self.channel_retry), |_| undo_charge(channel.as_ref(), &i))
-                    .await?;
+                let undo = |_| undo_charge(channel.as_ref(), &i, charged);
+                let undone = ctx.external(step("refund").retry(self.channel_retry), undo).await?;
                 tracing::info!(request_no = %i.request_no, ?undone, "charge undone");
                 Ok(())
             }
@@ -433,7 +441,9 @@ async fn charge_attempt(
     }
     match channel.charge(request).await {
         Ok(charge) => settle(charge, request),
-        Err(ChannelError::Refused { status, body }) => Ok(ChargeOutcome::Refused { status, body }),
+        Err(ChannelError::Refused { status, body }) => {
+            Ok(ChargeOutcome::Refused { status, body, after_unknown: attempt.previous != Previous::None })
+        }
         Err(e) => Err(StepError::UnknownOutcome(e.to_string())),
     }
 }
@@ -453,22 +463,31 @@ enum Undone {
 
 /// Undoes whatever this payment's number did at the channel: closes the number first (so that a charge still
 /// in flight can no longer land), then refunds this payment's charge if one exists, under a stable refund
-/// number, once a `processing` one has settled.
-async fn undo_charge(channel: &dyn Channel, i: &PaymentInput) -> Result<Undone, StepError> {
+/// number, once a `processing` one has settled. `charged`: the charge step already saw this payment's charge
+/// succeed, so there is nothing to close and it is refunded at once.
+async fn undo_charge(channel: &dyn Channel, i: &PaymentInput, charged: bool) -> Result<Undone, StepError> {
     let request = i.charge_request();
     let unknown = |e: ChannelError| StepError::UnknownOutcome(e.to_string());
-    let charge = match channel.close(&request.merchant_id, &request.merchant_request_no).await.map_err(unknown)? {
-        Closed::Closed => return Ok(Undone::Closed),
-        Closed::Charged(charge) => charge,
-    };
-    if !charge.matches(&request) {
-        tracing::warn!(request_no = %i.request_no, "the charge under this number is another payment's: not refunded");
-        return Ok(Undone::NotOurs);
-    }
-    match charge.status {
-        ChargeStatus::Declined => return Ok(Undone::NothingTaken),
-        ChargeStatus::Processing => return Err(StepError::UnknownOutcome("the charge is processing".into())),
-        ChargeStatus::Succeeded => {}
+    if !charged {
+        let charge = match channel.close(&request.merchant_id, &request.merchant_request_no).await {
+            Ok(Closed::Closed) => return Ok(Undone::Closed),
+            Ok(Closed::Charged(charge)) => charge,
+            // Not an answer to wait out: an operator must look (the workflow ends compensation_failed).
+            Err(ChannelError::Refused { status, body }) => {
+                tracing::warn!(request_no = %i.request_no, status, %body, "the channel refused to close the number");
+                return Err(StepError::terminal("close_refused", "the channel refused to close the charge's number"));
+            }
+            Err(e) => return Err(unknown(e)),
+        };
+        if !charge.matches(&request) {
+            tracing::warn!(request_no = %i.request_no, "the charge under this number is another payment's: not refunded");
+            return Ok(Undone::NotOurs);
+        }
+        match charge.status {
+            ChargeStatus::Declined => return Ok(Undone::NothingTaken),
+            ChargeStatus::Processing => return Err(StepError::UnknownOutcome("the charge is processing".into())),
+            ChargeStatus::Succeeded => {}
+        }
     }
     let refund = RefundRequest {
         merchant_id: request.merchant_id.clone(),

@@ -1,7 +1,8 @@
 //! A payment channel written for the tests from `contracts/channel.md` alone (not onceflow's mock): served over
 //! HTTP on a loopback port, with a ledger the tests judge by. Two ways to misbehave on purpose: `hold` keeps a
-//! new charge request in flight before recording it, and `mixed` keeps no merchants apart (as a channel
-//! predating merchant ids would), answering one merchant's number with another's charge.
+//! new charge request in flight before recording it, `mixed` keeps no merchants apart (as a channel
+//! predating merchant ids would), answering one merchant's number with another's charge, and `busy` refuses a
+//! charge request while another one under the same number is in flight (`409`, as some channels do).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -41,6 +42,7 @@ struct Book {
     charges: HashMap<(String, String), Kept>,
     closed: HashSet<(String, String)>,
     refunds: HashMap<(String, String), Value>,
+    in_flight: HashSet<(String, String)>,
     next: u64,
     closes: u64,
 }
@@ -51,15 +53,25 @@ pub struct TestChannel {
     book: Arc<Mutex<Book>>,
     hold: Duration,
     mixed: bool,
+    busy: bool,
     pub url: String,
 }
 
 impl TestChannel {
     /// Serves a channel on a loopback port.
     pub async fn serve(hold: Duration, mixed: bool) -> Self {
+        Self::serve_with(hold, mixed, false).await
+    }
+
+    /// Serves a channel that refuses a charge request while another one under its number is in flight.
+    pub async fn serve_busy(hold: Duration) -> Self {
+        Self::serve_with(hold, false, true).await
+    }
+
+    async fn serve_with(hold: Duration, mixed: bool, busy: bool) -> Self {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
-        let channel = Self { book: Arc::default(), hold, mixed, url };
+        let channel = Self { book: Arc::default(), hold, mixed, busy, url };
         let app = Router::new()
             .route("/v1/charges", post(charge))
             .route("/v1/charges/{no}", get(query))
@@ -106,11 +118,18 @@ fn answer(status: u16, body: Value) -> Response {
 
 async fn charge(State(c): State<TestChannel>, Json(req): Json<Value>) -> Response {
     let key = c.key(&text(&req, "merchant_id"), &text(&req, "merchant_request_no"));
-    let fresh = !c.book.lock().unwrap().charges.contains_key(&key);
+    let fresh = {
+        let mut book = c.book.lock().unwrap();
+        if c.busy && !book.in_flight.insert(key.clone()) {
+            return answer(409, json!({"error": "in_progress"}));
+        }
+        !book.charges.contains_key(&key)
+    };
     if fresh && !c.hold.is_zero() {
         tokio::time::sleep(c.hold).await;
     }
     let mut book = c.book.lock().unwrap();
+    book.in_flight.remove(&key);
     if let Some(kept) = book.charges.get(&key) {
         let same = kept.order_no == text(&req, "order_no")
             && Some(kept.amount) == req["amount"].as_i64()

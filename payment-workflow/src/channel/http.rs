@@ -69,8 +69,10 @@ impl Channel for HttpChannel {
         let url = format!("{}/close", self.charge_url(merchant_request_no));
         let sent = self.client.post(url).json(&serde_json::json!({ "merchant_id": merchant_id }));
         match self.send::<serde_json::Value>(sent).await {
-            Ok(Some(_)) => Ok(Closed::Closed),
-            Ok(None) => Err(ChannelError::Unknown("close answered 404".into())),
+            Ok(Some(answer)) if answer["status"] == "closed" => Ok(Closed::Closed),
+            Ok(Some(answer)) => Err(ChannelError::Unknown(format!("close answered {answer}"))),
+            // A channel without close: nothing to wait for.
+            Ok(None) => Err(ChannelError::Refused { status: 404, body: "close is not supported".into() }),
             Err(ChannelError::Refused { status: 409, body }) => match serde_json::from_str::<CloseRefused>(&body) {
                 Ok(CloseRefused { error, charge: Some(charge) }) if error == "charged" => Ok(Closed::Charged(charge)),
                 _ => Err(ChannelError::Refused { status: 409, body }),
