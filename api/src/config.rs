@@ -59,7 +59,9 @@ pub struct ServeArgs {
     /// HTTP address to listen on.
     #[arg(long, env = "ONCEFLOW_LISTEN", default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
-    /// Base URL of a channel speaking contracts/channel.md; none: an in-process mock channel.
+    /// Base URL of a channel speaking contracts/channel.md, or `mock` for an in-process mock channel that approves
+    /// every charge. Without it only the zero-configuration mode (SQLite, no API keys) uses the mock; anything else
+    /// refuses to start.
     #[arg(long, env = "ONCEFLOW_CHANNEL_URL")]
     pub channel_url: Option<String>,
     /// Per-request timeout to the channel.

@@ -59,19 +59,38 @@ impl From<std::io::Error> for Failure {
     }
 }
 
-async fn connect(args: &ServeArgs) -> Result<Backend, ConfigError> {
-    let channel: Arc<dyn Channel> = match &args.channel_url {
+/// The channel `serve` and `worker` charge: the URL given, or the in-process mock, which approves every charge.
+/// The mock is used when asked for by name (`--channel-url mock`) or, without `--channel-url`, only in the
+/// zero-configuration mode (an SQLite database and no API keys); a Postgres or MySQL database or API keys mean a
+/// real deployment, which refuses to start rather than charge a pretend channel.
+fn channel(args: &ServeArgs) -> Result<Arc<dyn Channel>, ConfigError> {
+    match args.channel_url.as_deref() {
+        Some("mock") => Ok(Arc::new(MockChannel::reliable())),
         Some(url) => {
             if !(url.starts_with("http://") || url.starts_with("https://")) {
-                return Err(ConfigError(format!("--channel-url must be an http(s) URL (got `{url}`)")));
+                return Err(ConfigError(format!(
+                    "--channel-url must be an http(s) URL or `mock` for the in-process mock (got `{url}`)"
+                )));
             }
-            Arc::new(
+            Ok(Arc::new(
                 HttpChannel::new(url, Duration::from_millis(args.channel_timeout_ms))
                     .map_err(|e| ConfigError(e.to_string()))?,
-            )
+            ))
         }
-        None => Arc::new(MockChannel::reliable()),
-    };
+        None if args.database.database_url.starts_with("sqlite:") && args.api_keys.is_none() => {
+            tracing::info!("no --channel-url: charging the in-process mock channel, which approves every charge");
+            Ok(Arc::new(MockChannel::reliable()))
+        }
+        None => Err(ConfigError(
+            "no --channel-url: a Postgres or MySQL database or --api-keys is a real deployment; give the channel's \
+             URL, or `--channel-url mock` for the in-process mock that approves every charge"
+                .into(),
+        )),
+    }
+}
+
+async fn connect(args: &ServeArgs) -> Result<Backend, ConfigError> {
+    let channel = channel(args)?;
     let config = EngineConfig { lease: Duration::from_millis(args.lease_ms.max(100)), ..EngineConfig::default() };
     Backend::connect(&args.database.database_url, channel, config, args.db_max_connections).await
 }
