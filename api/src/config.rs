@@ -112,6 +112,9 @@ pub struct MockChannelArgs {
     /// How long a processing charge takes to settle.
     #[arg(long, env = "ONCEFLOW_SETTLE_MS", default_value_t = 1_000)]
     pub settle_ms: u64,
+    /// How long a new charge request is held before the channel records it (a charge in flight).
+    #[arg(long, env = "ONCEFLOW_HOLD_MS", default_value_t = 0)]
+    pub hold_ms: u64,
     /// Seed of the fault dice.
     #[arg(long, env = "ONCEFLOW_SEED", default_value_t = 1)]
     pub seed: u64,

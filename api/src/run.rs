@@ -154,7 +154,7 @@ async fn mock_channel(args: MockChannelArgs) -> Result<(), Failure> {
         slow_ms: args.slow_ms,
         processing_rate: args.processing_rate,
         settle_ms: args.settle_ms,
-        hold_ms: 0,
+        hold_ms: args.hold_ms,
         seed: args.seed,
     });
     let listener = tokio::net::TcpListener::bind(args.listen)
