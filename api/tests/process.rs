@@ -180,11 +180,11 @@ async fn killed_serve_finishes_the_payment_on_mysql() {
 #[tokio::test]
 async fn bad_configuration_is_one_line_and_exit_2() {
     for args in [
-        vec!["serve", "--database-url", "mysql://nope"],
+        vec!["serve", "--database-url", "mysql://nope", "--channel-url", "mock"],
         vec!["serve", "--api-keys", "acme"],
         vec!["serve", "--listen", "0.0.0.0:0"],
         vec!["mock-channel", "--decline-rate", "2"],
-        vec!["serve", "--database-url", "postgres://nobody@127.0.0.1:1/x"],
+        vec!["serve", "--database-url", "postgres://nobody@127.0.0.1:1/x", "--channel-url", "mock"],
     ] {
         let out = Command::new(ONCEFLOW).args(&args).output().unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);
@@ -241,13 +241,13 @@ async fn the_mock_channel_is_there_when_asked_for() {
 
 /// A charge the channel leaves `processing` is retried forever; it shows on `/metrics` and is logged once as a
 /// warning when it passes `--unresolved-warn`.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_unresolved_payment_is_measured_and_warned_about_once() {
+async fn an_unresolved_payment_is_measured_and_warned_about_once(url: String) {
     let channel_port = free_port();
     let channel = format!("http://127.0.0.1:{channel_port}");
     let mut mock = Command::new(ONCEFLOW)
         .args(["mock-channel", "--listen", &format!("127.0.0.1:{channel_port}")])
         .args(["--processing-rate", "1", "--settle-ms", "600000"])
+        .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
         .spawn()
         .expect("start onceflow mock-channel");
@@ -256,7 +256,6 @@ async fn an_unresolved_payment_is_measured_and_warned_about_once() {
         assert!(started.elapsed() < Duration::from_secs(30), "mock-channel did not come up");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let url = database("sqlite").await.unwrap();
     let (mut child, base) = serve_with_stderr(
         &["--database-url", &url, "--channel-url", &channel, "--unresolved-warn", "1s"],
         Stdio::piped(),
@@ -300,4 +299,27 @@ async fn an_unresolved_payment_is_measured_and_warned_about_once() {
     let warnings: Vec<&str> = stderr.lines().filter(|l| l.contains("WARN") && l.contains("R-unresolved-1")).collect();
     assert_eq!(warnings.len(), 1, "{stderr}\n{body}");
     assert!(warnings[0].contains("tenant"), "{}", warnings[0]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unresolved_payment_is_measured_and_warned_about_once_on_sqlite() {
+    an_unresolved_payment_is_measured_and_warned_about_once(database("sqlite").await.unwrap()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unresolved_payment_is_measured_and_warned_about_once_on_postgres() {
+    let Some(url) = database("postgres").await else {
+        eprintln!("skipped: DATABASE_URL is not set");
+        return;
+    };
+    an_unresolved_payment_is_measured_and_warned_about_once(url).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unresolved_payment_is_measured_and_warned_about_once_on_mysql() {
+    let Some(url) = database("mysql").await else {
+        eprintln!("skipped: MYSQL_URL is not set");
+        return;
+    };
+    an_unresolved_payment_is_measured_and_warned_about_once(url).await;
 }
