@@ -2,6 +2,7 @@
 //! `ONCEFLOW_<FLAG>`.
 
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
@@ -59,7 +60,9 @@ pub struct ServeArgs {
     /// HTTP address to listen on.
     #[arg(long, env = "ONCEFLOW_LISTEN", default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
-    /// Base URL of a channel speaking contracts/channel.md; none: an in-process mock channel.
+    /// Base URL of a channel speaking contracts/channel.md, or `mock` for an in-process mock channel that approves
+    /// every charge. Without it only the zero-configuration mode (SQLite, no API keys) uses the mock; anything else
+    /// refuses to start.
     #[arg(long, env = "ONCEFLOW_CHANNEL_URL")]
     pub channel_url: Option<String>,
     /// Per-request timeout to the channel.
@@ -74,6 +77,10 @@ pub struct ServeArgs {
     /// How long `POST /v1/payments` waits for a final result before `202`.
     #[arg(long, env = "ONCEFLOW_WAIT_MS", default_value_t = 10_000)]
     pub wait_ms: u64,
+    /// A payment whose charge outcome is still unknown (or `processing`) this long is logged once as a warning by
+    /// each process; it is never auto-failed. Written `500ms`, `30s`, `15m`, `24h`, `7d`.
+    #[arg(long, env = "ONCEFLOW_UNRESOLVED_WARN", default_value = "15m", value_parser = parse_duration)]
+    pub unresolved_warn: Duration,
     /// Postgres or MySQL connections this process may open (mind `max_connections` across processes; SQLite
     /// uses 8 for reads, 2 for writes).
     #[arg(long, env = "ONCEFLOW_DB_MAX_CONNECTIONS", default_value_t = 20, value_parser = clap::value_parser!(u32).range(2..=1000))]
@@ -110,6 +117,9 @@ pub struct MockChannelArgs {
     /// How long a processing charge takes to settle.
     #[arg(long, env = "ONCEFLOW_SETTLE_MS", default_value_t = 1_000)]
     pub settle_ms: u64,
+    /// How long a new charge request is held before the channel records it (a charge in flight).
+    #[arg(long, env = "ONCEFLOW_HOLD_MS", default_value_t = 0)]
+    pub hold_ms: u64,
     /// Seed of the fault dice.
     #[arg(long, env = "ONCEFLOW_SEED", default_value_t = 1)]
     pub seed: u64,
@@ -161,6 +171,11 @@ pub enum WorkflowsCommand {
 #[error("{0}")]
 pub struct ConfigError(pub String);
 
+/// Parses a duration written `500ms`, `30s`, `15m`, `24h` or `7d` (units may be combined: `1h 30m`).
+pub fn parse_duration(raw: &str) -> Result<Duration, String> {
+    humantime::parse_duration(raw).map_err(|e| format!("`{raw}` is not a duration like 500ms, 30s, 15m, 24h, 7d: {e}"))
+}
+
 /// Parses `--api-keys` (`tenant:key,tenant:key`) into `(tenant, key)` pairs.
 pub fn parse_api_keys(raw: &str) -> Result<Vec<(String, String)>, ConfigError> {
     raw.split(',')
@@ -186,6 +201,17 @@ pub fn parse_api_keys(raw: &str) -> Result<Vec<(String, String)>, ConfigError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn durations_parse_in_the_written_units() {
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("15m"), Ok(Duration::from_secs(900)));
+        assert_eq!(parse_duration("24h"), Ok(Duration::from_secs(86_400)));
+        assert_eq!(parse_duration("7d"), Ok(Duration::from_secs(7 * 86_400)));
+        assert!(parse_duration("15").is_err());
+        assert!(parse_duration("soon").is_err());
+    }
 
     #[test]
     fn api_keys_parse_and_reject_bad_lists() {

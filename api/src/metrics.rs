@@ -16,6 +16,7 @@ pub fn install() {
             )
             .ok()
             .and_then(|b| b.install_recorder().ok())
+            .inspect(|_| describe())
     });
 }
 
@@ -23,4 +24,16 @@ pub fn install() {
 pub fn render() -> String {
     install();
     HANDLE.get().and_then(Option::as_ref).map(PrometheusHandle::render).unwrap_or_default()
+}
+
+fn describe() {
+    ::metrics::describe_gauge!(
+        "onceflow_unresolved_payments",
+        "Payments whose charge outcome is still unknown or processing (retried, never auto-failed)"
+    );
+    ::metrics::describe_gauge!(
+        "onceflow_unresolved_payment_oldest_seconds",
+        ::metrics::Unit::Seconds,
+        "Age of the oldest unresolved payment (0 when there is none)"
+    );
 }

@@ -59,19 +59,38 @@ impl From<std::io::Error> for Failure {
     }
 }
 
-async fn connect(args: &ServeArgs) -> Result<Backend, ConfigError> {
-    let channel: Arc<dyn Channel> = match &args.channel_url {
+/// The channel `serve` and `worker` charge: the URL given, or the in-process mock, which approves every charge.
+/// The mock is used when asked for by name (`--channel-url mock`) or, without `--channel-url`, only in the
+/// zero-configuration mode (an SQLite database and no API keys); a Postgres or MySQL database or API keys mean a
+/// real deployment, which refuses to start rather than charge a pretend channel.
+fn channel(args: &ServeArgs) -> Result<Arc<dyn Channel>, ConfigError> {
+    match args.channel_url.as_deref() {
+        Some("mock") => Ok(Arc::new(MockChannel::reliable())),
         Some(url) => {
             if !(url.starts_with("http://") || url.starts_with("https://")) {
-                return Err(ConfigError(format!("--channel-url must be an http(s) URL (got `{url}`)")));
+                return Err(ConfigError(format!(
+                    "--channel-url must be an http(s) URL or `mock` for the in-process mock (got `{url}`)"
+                )));
             }
-            Arc::new(
+            Ok(Arc::new(
                 HttpChannel::new(url, Duration::from_millis(args.channel_timeout_ms))
                     .map_err(|e| ConfigError(e.to_string()))?,
-            )
+            ))
         }
-        None => Arc::new(MockChannel::reliable()),
-    };
+        None if args.database.database_url.starts_with("sqlite:") && args.api_keys.is_none() => {
+            tracing::info!("no --channel-url: charging the in-process mock channel, which approves every charge");
+            Ok(Arc::new(MockChannel::reliable()))
+        }
+        None => Err(ConfigError(
+            "no --channel-url: a Postgres or MySQL database or --api-keys is a real deployment; give the channel's \
+             URL, or `--channel-url mock` for the in-process mock that approves every charge"
+                .into(),
+        )),
+    }
+}
+
+async fn connect(args: &ServeArgs) -> Result<Backend, ConfigError> {
+    let channel = channel(args)?;
     let config = EngineConfig { lease: Duration::from_millis(args.lease_ms.max(100)), ..EngineConfig::default() };
     Backend::connect(&args.database.database_url, channel, config, args.db_max_connections).await
 }
@@ -90,6 +109,7 @@ async fn serve(args: ServeArgs, http: bool) -> Result<(), Failure> {
     }
     let backend = connect(&args).await?;
     let background = backend.spawn_background();
+    let unresolved = spawn_unresolved_warnings(backend.clone(), args.unresolved_warn);
     if http {
         crate::metrics::install();
         let listener = tokio::net::TcpListener::bind(args.listen)
@@ -105,7 +125,51 @@ async fn serve(args: ServeArgs, http: bool) -> Result<(), Failure> {
     tracing::info!("shutting down: releasing in-flight workflows");
     backend.shutdown(SHUTDOWN_GRACE).await.map_err(|e| Failure::Other(e.into()))?;
     background.abort();
+    unresolved.abort();
     Ok(())
+}
+
+/// How many overdue unresolved payments one check reads (oldest first): what bounds the memory of warned ones.
+const UNRESOLVED_BATCH: i64 = 1000;
+
+/// Every `min(threshold, 30 s)`, logs one warning per payment still unresolved (its record `processing`) for
+/// longer than `threshold`, once per process: the payments warned about are remembered until they are no longer
+/// overdue and unresolved. They are never failed here; the recovery loop keeps retrying them.
+fn spawn_unresolved_warnings(backend: Backend, threshold: Duration) -> tokio::task::JoinHandle<()> {
+    let period = threshold.clamp(Duration::from_millis(100), Duration::from_secs(30));
+    let threshold_ms = i64::try_from(threshold.as_millis()).unwrap_or(i64::MAX);
+    tokio::spawn(async move {
+        let mut warned: std::collections::HashSet<(String, String)> = std::collections::HashSet::new();
+        let mut tick = tokio::time::interval(period);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let now = chrono::Utc::now().timestamp_millis();
+            let overdue =
+                match backend.unresolved_payments_before(now.saturating_sub(threshold_ms), UNRESOLVED_BATCH).await {
+                    Ok(overdue) => overdue,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "could not check for unresolved payments");
+                        continue;
+                    }
+                };
+            // Forget the payments resolved since (a payment warned about stays overdue while it is unresolved,
+            // and the oldest come first, so it stays in the batch).
+            let current: std::collections::HashSet<(&str, &str)> =
+                overdue.iter().map(|(t, r, _)| (t.as_str(), r.as_str())).collect();
+            warned.retain(|(t, r)| current.contains(&(t.as_str(), r.as_str())));
+            for (tenant, request_no, created_at) in overdue {
+                let key = (tenant, request_no);
+                if warned.contains(&key) {
+                    continue;
+                }
+                let age = Duration::from_secs(u64::try_from((now - created_at) / 1000).unwrap_or(0));
+                tracing::warn!(tenant = %key.0, request_no = %key.1, age = %humantime::format_duration(age),
+                    "payment unresolved: its charge outcome is still unknown or processing; it is retried, never auto-failed");
+                warned.insert(key);
+            }
+        }
+    })
 }
 
 async fn migrate(db: DatabaseArgs) -> Result<(), Failure> {
@@ -135,7 +199,7 @@ async fn mock_channel(args: MockChannelArgs) -> Result<(), Failure> {
         slow_ms: args.slow_ms,
         processing_rate: args.processing_rate,
         settle_ms: args.settle_ms,
-        hold_ms: 0,
+        hold_ms: args.hold_ms,
         seed: args.seed,
     });
     let listener = tokio::net::TcpListener::bind(args.listen)

@@ -17,16 +17,22 @@ fn free_port() -> u16 {
 }
 
 /// Starts `onceflow serve` and waits for `/healthz`. The caller kills and reaps it.
-#[allow(clippy::zombie_processes)]
 async fn serve(args: &[&str]) -> (Child, String) {
+    serve_with_stderr(args, Stdio::inherit()).await
+}
+
+/// [`serve`] with its stderr sent to `stderr` (`Stdio::piped()` to read its log lines after the kill).
+#[allow(clippy::zombie_processes)]
+async fn serve_with_stderr(args: &[&str], stderr: Stdio) -> (Child, String) {
     let port = free_port();
     let listen = format!("127.0.0.1:{port}");
-    let child = Command::new(ONCEFLOW)
+    let mut child = Command::new(ONCEFLOW)
         .arg("serve")
         .args(["--listen", &listen])
         .args(args)
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
+        .stderr(stderr)
         .spawn()
         .expect("start onceflow serve");
     let base = format!("http://{listen}");
@@ -37,9 +43,36 @@ async fn serve(args: &[&str]) -> (Child, String) {
         {
             return (child, base);
         }
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!("serve {args:?} exited before it came up: {status}");
+        }
         assert!(started.elapsed() < Duration::from_secs(30), "serve did not come up");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// Runs `onceflow args…` and returns its exit code and stderr, killing it (and failing) if it is still running
+/// after 20 s: a process that should refuse to start must not serve instead.
+fn refuses(args: &[&str]) -> (Option<i32>, String) {
+    let mut child = Command::new(ONCEFLOW)
+        .args(args)
+        .args(["--listen", &format!("127.0.0.1:{}", free_port())])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start onceflow");
+    let started = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if started.elapsed() > Duration::from_secs(20) {
+            child.kill().unwrap();
+            let out = child.wait_with_output().unwrap();
+            panic!("{args:?} kept running instead of refusing: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().unwrap();
+    (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
 }
 
 /// The README's walk-through block, run with bash against a real server.
@@ -147,11 +180,11 @@ async fn killed_serve_finishes_the_payment_on_mysql() {
 #[tokio::test]
 async fn bad_configuration_is_one_line_and_exit_2() {
     for args in [
-        vec!["serve", "--database-url", "mysql://nope"],
+        vec!["serve", "--database-url", "mysql://nope", "--channel-url", "mock"],
         vec!["serve", "--api-keys", "acme"],
         vec!["serve", "--listen", "0.0.0.0:0"],
         vec!["mock-channel", "--decline-rate", "2"],
-        vec!["serve", "--database-url", "postgres://nobody@127.0.0.1:1/x"],
+        vec!["serve", "--database-url", "postgres://nobody@127.0.0.1:1/x", "--channel-url", "mock"],
     ] {
         let out = Command::new(ONCEFLOW).args(&args).output().unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);
@@ -159,4 +192,134 @@ async fn bad_configuration_is_one_line_and_exit_2() {
         assert_eq!(stderr.trim().lines().count(), 1, "{args:?}: {stderr}");
         assert!(stderr.starts_with("error: "), "{stderr}");
     }
+}
+
+/// Without `--channel-url`, only the zero-configuration mode (SQLite, no API keys) charges the in-process mock:
+/// a Postgres or MySQL database, or API keys, mean a real deployment, which must not approve every charge.
+#[tokio::test]
+async fn a_real_deployment_without_a_channel_refuses_to_start() {
+    let sqlite = database("sqlite").await.unwrap();
+    let mut cases = vec![
+        vec![
+            "serve".to_owned(),
+            "--database-url".into(),
+            sqlite.clone(),
+            "--api-keys".into(),
+            "acme:secret-key-1".into(),
+        ],
+        vec!["worker".to_owned(), "--database-url".into(), sqlite, "--api-keys".into(), "acme:secret-key-1".into()],
+    ];
+    for backend in ["postgres", "mysql"] {
+        match database(backend).await {
+            Some(url) => {
+                cases.push(vec!["serve".into(), "--database-url".into(), url.clone()]);
+                cases.push(vec!["worker".into(), "--database-url".into(), url]);
+            }
+            None => eprintln!("{backend} cases skipped: its URL is not set"),
+        }
+    }
+    for args in cases {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let (code, stderr) = refuses(&args);
+        assert_eq!(code, Some(2), "{args:?}: {stderr}");
+        assert_eq!(stderr.trim().lines().count(), 1, "{args:?}: {stderr}");
+        assert!(stderr.starts_with("error: ") && stderr.contains("--channel-url"), "{args:?}: {stderr}");
+    }
+}
+
+/// `--channel-url mock` asks for the in-process mock by name, with API keys too.
+#[tokio::test]
+async fn the_mock_channel_is_there_when_asked_for() {
+    let url = database("sqlite").await.unwrap();
+    let (mut child, base) =
+        serve(&["--database-url", &url, "--api-keys", "acme:secret-key-1", "--channel-url", "mock"]).await;
+    let ready = reqwest::get(format!("{base}/readyz")).await.unwrap().status();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert_eq!(ready, 200);
+}
+
+/// A charge the channel leaves `processing` is retried forever; it shows on `/metrics` and is logged once as a
+/// warning when it passes `--unresolved-warn`.
+async fn an_unresolved_payment_is_measured_and_warned_about_once(url: String) {
+    let channel_port = free_port();
+    let channel = format!("http://127.0.0.1:{channel_port}");
+    let mut mock = Command::new(ONCEFLOW)
+        .args(["mock-channel", "--listen", &format!("127.0.0.1:{channel_port}")])
+        .args(["--processing-rate", "1", "--settle-ms", "600000"])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("start onceflow mock-channel");
+    let started = Instant::now();
+    while !reqwest::get(format!("{channel}/v1/ledger")).await.is_ok_and(|r| r.status().is_success()) {
+        assert!(started.elapsed() < Duration::from_secs(30), "mock-channel did not come up");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (mut child, base) = serve_with_stderr(
+        &["--database-url", &url, "--channel-url", &channel, "--unresolved-warn", "1s"],
+        Stdio::piped(),
+    )
+    .await;
+    let client = reqwest::Client::new();
+    let order = json!({"order_no": "O-u", "amount": 1000, "currency": "CNY"});
+    assert_eq!(client.post(format!("{base}/v1/orders")).json(&order).send().await.unwrap().status(), 201);
+    let token: serde_json::Value = client.post(format!("{base}/v1/tokens")).send().await.unwrap().json().await.unwrap();
+    let pay = json!({"order_no": "O-u", "amount": 1000, "currency": "CNY", "request_no": "R-unresolved-1"});
+    let accepted = client
+        .post(format!("{base}/v1/payments"))
+        .header("idempotency-key", token["token"].as_str().unwrap())
+        .header("prefer", "wait=0")
+        .json(&pay)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(accepted.status(), 202);
+
+    let gauge = |body: &str, name: &str| {
+        body.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse::<f64>().ok())
+    };
+    let started = Instant::now();
+    let body = loop {
+        let body = client.get(format!("{base}/metrics")).send().await.unwrap().text().await.unwrap();
+        if gauge(&body, "onceflow_unresolved_payments") == Some(1.0)
+            && gauge(&body, "onceflow_unresolved_payment_oldest_seconds").is_some_and(|s| s >= 1.0)
+        {
+            break body;
+        }
+        assert!(started.elapsed() < Duration::from_secs(10), "no unresolved payment on /metrics:\n{body}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    child.kill().unwrap();
+    let out = child.wait_with_output().unwrap();
+    mock.kill().unwrap();
+    mock.wait().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let warnings: Vec<&str> = stderr.lines().filter(|l| l.contains("WARN") && l.contains("R-unresolved-1")).collect();
+    assert_eq!(warnings.len(), 1, "{stderr}\n{body}");
+    assert!(warnings[0].contains("tenant"), "{}", warnings[0]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unresolved_payment_is_measured_and_warned_about_once_on_sqlite() {
+    an_unresolved_payment_is_measured_and_warned_about_once(database("sqlite").await.unwrap()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unresolved_payment_is_measured_and_warned_about_once_on_postgres() {
+    let Some(url) = database("postgres").await else {
+        eprintln!("skipped: DATABASE_URL is not set");
+        return;
+    };
+    an_unresolved_payment_is_measured_and_warned_about_once(url).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unresolved_payment_is_measured_and_warned_about_once_on_mysql() {
+    let Some(url) = database("mysql").await else {
+        eprintln!("skipped: MYSQL_URL is not set");
+        return;
+    };
+    an_unresolved_payment_is_measured_and_warned_about_once(url).await;
 }

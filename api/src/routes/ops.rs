@@ -161,13 +161,18 @@ pub async fn readyz(State(state): State<AppState>) -> Response {
 }
 
 /// Prometheus metrics: requests by route and status, latency histograms, workflows by state, channel calls by
-/// outcome.
+/// outcome, unresolved payments (how many, the oldest one's age).
 #[utoipa::path(get, path = "/metrics", tag = "operations", responses((status = 200, description = "Prometheus text format")))]
 pub async fn metrics(State(state): State<AppState>) -> Response {
     let counts = state.backend.workflow_counts().await;
     for workflow_state in WORKFLOW_STATES {
         let count = counts.iter().find(|(s, _)| s == workflow_state).map_or(0, |(_, n)| *n);
         metrics::gauge!("onceflow_workflows", "state" => workflow_state).set(count as f64);
+    }
+    if let Some((count, oldest)) = state.backend.unresolved_payments().await {
+        let age_ms = oldest.map_or(0, |created_at| (chrono::Utc::now().timestamp_millis() - created_at).max(0));
+        metrics::gauge!("onceflow_unresolved_payments").set(count as f64);
+        metrics::gauge!("onceflow_unresolved_payment_oldest_seconds").set(age_ms as f64 / 1000.0);
     }
     let body = crate::metrics::render();
     ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], body).into_response()
