@@ -261,7 +261,15 @@ async fn serve(database_url: &str) -> anyhow::Result<Server> {
     anyhow::ensure!(exe.exists(), "{} not found: run `cargo build --release --workspace` first", exe.display());
     let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
     let child = std::process::Command::new(exe)
-        .args(["serve", "--database-url", database_url, "--listen", &format!("127.0.0.1:{port}")])
+        .args([
+            "serve",
+            "--database-url",
+            database_url,
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--channel-url",
+            "mock",
+        ])
         .env("RUST_LOG", "warn")
         .stdout(std::process::Stdio::null())
         .spawn()?;
