@@ -172,10 +172,13 @@ async fn seed_sqlite(url: &str, count: u64) -> anyhow::Result<()> {
     let pool = sqlx::SqlitePool::connect(url).await?;
     let mut tx = pool.begin().await?;
     for n in 1..=count {
-        sqlx::query("INSERT INTO orders VALUES ('default', $1, 1000, 'CNY', 'pending', 0, 0, 0)")
-            .bind(format!("o{n}"))
-            .execute(&mut *tx)
-            .await?;
+        sqlx::query(
+            "INSERT INTO orders (tenant, order_no, amount, currency, status, version, created_at, updated_at) \
+             VALUES ('default', $1, 1000, 'CNY', 'pending', 0, 0, 0)",
+        )
+        .bind(format!("o{n}"))
+        .execute(&mut *tx)
+        .await?;
         sqlx::query("INSERT INTO idempotency_tokens (token, tenant, state, created_at, expires_at, updated_at) VALUES ($1, 'default', 'issued', 0, 9000000000000, 0)")
             .bind(format!("tok{n}"))
             .execute(&mut *tx)
@@ -200,7 +203,10 @@ async fn seed_mysql(url: &str, count: u64) -> anyhow::Result<()> {
             orders.push(format!("('default', 'o{i}', 1000, 'CNY', 'pending', 0, 0, 0)"));
             tokens.push(format!("('tok{i}', 'default', 'issued', 0, 9000000000000, 0)"));
         }
-        let orders = format!("INSERT INTO orders VALUES {}", orders.join(", "));
+        let orders = format!(
+            "INSERT INTO orders (tenant, order_no, amount, currency, status, version, created_at, updated_at) VALUES {}",
+            orders.join(", ")
+        );
         let tokens = format!(
             "INSERT INTO idempotency_tokens (token, tenant, state, created_at, expires_at, updated_at) VALUES {}",
             tokens.join(", ")
