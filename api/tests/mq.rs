@@ -186,6 +186,7 @@ async fn a_command_under_an_http_payments_number_is_that_payment() {
     assert_eq!(paid.status, 201, "{}", paid.text);
     let calls = channel.ledger().charge_calls;
     client.command(&queue, &command(1, "H-1"), "same", &replies).await;
+    client.command(&queue, &command(1, "H-1"), "same again", &replies).await;
     let mut other = command(1, "H-1");
     other["amount"] = json!(999);
     client.command(&queue, &other, "other", &replies).await;
@@ -203,7 +204,10 @@ async fn a_command_under_an_http_payments_number_is_that_payment() {
             &replies,
         )
         .await;
-    answers.wait_for(&["same".into(), "other".into(), "refused".into()], Duration::from_secs(30)).await;
+    let ids = ["same", "same again", "other", "refused"].map(String::from);
+    answers.wait_for(&ids, Duration::from_secs(30)).await;
+    let got = answers.snapshot();
+    assert_eq!(got["same"], got["same again"], "a repeated command answered differently");
 
     let same = answers.json("same");
     assert_eq!(same["status"], 201);

@@ -284,11 +284,6 @@ impl<S: PaymentStore> Payments<S> {
             return Ok(PayResponse::problem(400, "invalid_request", "Invalid request", &message));
         }
         let token = command_token(tenant, request_no);
-        if let Some(record) = self.payment(tenant, request_no).await?
-            && record.token != token
-        {
-            return self.answer_of_payment(tenant, record, request, wait).await;
-        }
         let now = self.now();
         let record = TokenRecord {
             token: token.clone(),
@@ -307,7 +302,10 @@ impl<S: PaymentStore> Payments<S> {
         match problem_code(&response).as_deref() {
             // The token is the command's own, so say so in the command's terms.
             Some("idempotency_key_mismatch") => Ok(command_mismatch(request_no)),
-            // An HTTP payment took the number first: that payment is the answer.
+            // The number is another payment's (an HTTP one): that payment is the answer. Found here rather than
+            // looked up before paying: a first delivery costs no read, and a command that meets an HTTP payment
+            // only records its own refused attempt (no order reserved, nothing charged), which every later
+            // delivery replays and answers from here the same way.
             Some("request_no_conflict") => match self.payment(tenant, request_no).await? {
                 Some(record) if record.token != token => self.answer_of_payment(tenant, record, request, wait).await,
                 _ => Ok(response),
