@@ -27,7 +27,8 @@ struct Options {
     count: u64,
     duration: Duration,
     storm: u64,
-    /// Run only the scenarios whose name starts with this (`library`, `http/sqlite`, …); the baselines always run.
+    /// Run only the scenarios whose name starts with this (`library`, `http/sqlite`, …; several: comma-separated);
+    /// the baselines always run.
     only: Option<String>,
     /// Connections of the library scenarios' Postgres and MySQL pools (`serve` keeps its default).
     pool: Option<u32>,
@@ -37,7 +38,7 @@ struct Options {
 
 impl Options {
     fn wants(&self, scenario: &str) -> bool {
-        self.only.as_deref().is_none_or(|p| scenario.starts_with(p))
+        self.only.as_deref().is_none_or(|only| only.split(',').any(|p| scenario.starts_with(p)))
     }
 }
 
@@ -66,7 +67,7 @@ fn options() -> anyhow::Result<Options> {
             ("--help" | "-h", _) => {
                 println!(
                     "onceflow-bench [--concurrency 16] [--count 8000] [--duration-secs 60] [--storm 1000] \
-                     [--only library|http|mq|library/postgres|http/sqlite|…] [--pool CONNECTIONS] [--rounds 1]"
+                     [--only library|http|mq|http/postgres,mq/postgres|…] [--pool CONNECTIONS] [--rounds 1]"
                 );
                 std::process::exit(0);
             }
