@@ -103,6 +103,11 @@ impl Backend {
         on_backend!(self, p => p.pay(tenant, token, route, request, wait).await)
     }
 
+    /// See [`Payments::pay_command`].
+    pub async fn pay_command(&self, tenant: &str, request: &PayRequest, wait: Duration) -> PayResult<PayResponse> {
+        on_backend!(self, p => p.pay_command(tenant, request, wait).await)
+    }
+
     /// See [`Payments::payment`].
     pub async fn payment(&self, tenant: &str, request_no: &str) -> PayResult<Option<PaymentRecord>> {
         on_backend!(self, p => p.payment(tenant, request_no).await)

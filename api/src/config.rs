@@ -36,6 +36,8 @@ pub enum Command {
     Worker(ServeArgs),
     /// Apply the migrations and exit.
     Migrate(DatabaseArgs),
+    /// Take payment commands from a RabbitMQ queue (contracts/mq.md), and run the recovery loop.
+    Consume(ConsumeArgs),
     /// Serve the mock payment channel.
     MockChannel(MockChannelArgs),
     /// Inspect and steer workflows.
@@ -85,6 +87,30 @@ pub struct ServeArgs {
     /// uses 8 for reads, 2 for writes).
     #[arg(long, env = "ONCEFLOW_DB_MAX_CONNECTIONS", default_value_t = 20, value_parser = clap::value_parser!(u32).range(2..=1000))]
     pub db_max_connections: u32,
+}
+
+/// `consume`: the database, channel and lease flags of `serve` (its `--listen` and `--api-keys` are not
+/// used), plus the broker's.
+#[derive(Debug, Clone, Args)]
+pub struct ConsumeArgs {
+    /// The flags shared with `serve`.
+    #[command(flatten)]
+    pub serve: ServeArgs,
+    /// The broker (AMQP 0-9-1).
+    #[arg(long, env = "ONCEFLOW_AMQP_URL", default_value = "amqp://guest:guest@127.0.0.1:5672/%2f")]
+    pub amqp_url: String,
+    /// The command queue, declared durable with a dead-letter queue `<queue>.dead`.
+    #[arg(long, env = "ONCEFLOW_QUEUE", default_value = "onceflow.payments")]
+    pub queue: String,
+    /// The tenant whose payments this queue carries.
+    #[arg(long, env = "ONCEFLOW_TENANT", default_value = "default")]
+    pub tenant: String,
+    /// Unacknowledged commands in flight (basic.qos).
+    #[arg(long, env = "ONCEFLOW_PREFETCH", default_value_t = 64, value_parser = clap::value_parser!(u16).range(1..))]
+    pub prefetch: u16,
+    /// HTTP address for `/metrics` and `/healthz`; none: not served.
+    #[arg(long, env = "ONCEFLOW_METRICS_LISTEN")]
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 /// `mock-channel`: rates are 0.0–1.0.

@@ -17,6 +17,7 @@
 
 mod backend;
 pub mod config;
+mod consume;
 mod error;
 mod extract;
 pub mod metrics;

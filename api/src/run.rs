@@ -20,6 +20,7 @@ pub async fn run(command: Command) -> ExitCode {
         Command::Serve(args) => serve(args, true).await,
         Command::Worker(args) => serve(args, false).await,
         Command::Migrate(db) => migrate(db).await,
+        Command::Consume(args) => consume(args).await,
         Command::MockChannel(args) => mock_channel(args).await,
         Command::Workflows(cmd) => workflows(cmd).await,
     };
@@ -170,6 +171,30 @@ fn spawn_unresolved_warnings(backend: Backend, threshold: Duration) -> tokio::ta
             }
         }
     })
+}
+
+async fn consume(args: crate::config::ConsumeArgs) -> Result<(), Failure> {
+    let settings = crate::consume::Settings::from_args(&args)?;
+    let backend = connect(&args.serve).await?;
+    let background = backend.spawn_background();
+    crate::metrics::install();
+    if let Some(listen) = args.metrics_listen {
+        let listener = tokio::net::TcpListener::bind(listen)
+            .await
+            .map_err(|e| ConfigError(format!("cannot listen on {listen}: {e}")))?;
+        tokio::spawn(axum::serve(listener, crate::consume::metrics_app()).into_future());
+    }
+    let stop = tokio_util::sync::CancellationToken::new();
+    let signal = stop.clone();
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        signal.cancel();
+    });
+    let consumed = crate::consume::run(backend.clone(), settings, stop).await;
+    tracing::info!("shutting down: releasing in-flight workflows");
+    backend.shutdown(SHUTDOWN_GRACE).await.map_err(|e| Failure::Other(e.into()))?;
+    background.abort();
+    consumed.map_err(Failure::Other)
 }
 
 async fn migrate(db: DatabaseArgs) -> Result<(), Failure> {

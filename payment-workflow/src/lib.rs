@@ -43,5 +43,7 @@ pub use model::{
     validate_currency, validate_key,
 };
 pub use saga::{PaymentInput, PaymentSaga};
-pub use service::{IssuedToken, PayResponse, Payments, TOKEN_TTL_MS, payment_workflow_id};
+pub use service::{
+    COMMAND_ROUTE, IssuedToken, PayResponse, Payments, TOKEN_TTL_MS, command_token, payment_workflow_id,
+};
 pub use store::{PaymentStore, PhaseDialect, Reserve};

@@ -9,7 +9,8 @@ use serde_json::json;
 use crate::channel::Channel;
 use crate::error::{Error, Result};
 use crate::model::{
-    Order, PayRequest, PaymentRecord, StoredResponse, TokenRecord, hex_sha256, order_status, problem, token_state,
+    Order, PayRequest, PaymentRecord, StoredResponse, TokenRecord, hex_sha256, order_status, payment_status, problem,
+    token_state,
 };
 use crate::saga::{PaymentInput, PaymentSaga, response_of};
 use crate::store::PaymentStore;
@@ -262,6 +263,156 @@ impl<S: PaymentStore> Payments<S> {
         let (request_no, status) = (&input.request_no, response.status);
         tracing::info!(%workflow_id, %request_no, status, replayed, "payment answered");
         Ok(response)
+    }
+}
+
+/// The route a queued command's token is bound to (an HTTP token is bound to its path).
+pub const COMMAND_ROUTE: &str = "amqp";
+
+impl<S: PaymentStore> Payments<S> {
+    /// Pays an order for a command from a queue (`contracts/mq.md`), where the tenant and `request_no` (required)
+    /// are the payment's identity and there is no client token. Every delivery of one command meets the same
+    /// token, derived from them ([`command_token`]), hence the same workflow and the same answer, however
+    /// often and concurrently it is delivered; other fields under the same `request_no` are `422`
+    /// `idempotency_key_mismatch`. A `request_no` an HTTP payment of the tenant already used is that payment:
+    /// its outcome, never a second charge. Invalid commands are `400` `invalid_request`, and nothing is stored.
+    pub async fn pay_command(&self, tenant: &str, request: &PayRequest, wait: Duration) -> Result<PayResponse> {
+        let Some(request_no) = request.request_no.as_deref() else {
+            return Ok(PayResponse::problem(400, "invalid_request", "Invalid request", "request_no is required"));
+        };
+        if let Err(message) = request.validate() {
+            return Ok(PayResponse::problem(400, "invalid_request", "Invalid request", &message));
+        }
+        let token = command_token(tenant, request_no);
+        let now = self.now();
+        let record = TokenRecord {
+            token: token.clone(),
+            tenant: tenant.to_owned(),
+            state: token_state::ISSUED.to_owned(),
+            fingerprint: None,
+            route: None,
+            response_status: None,
+            response_body: None,
+            created_at: now,
+            expires_at: now + TOKEN_TTL_MS,
+            updated_at: now,
+        };
+        self.store().ensure_token(&record).await?;
+        let response = self.pay(tenant, &token, COMMAND_ROUTE, request, wait).await?;
+        match problem_code(&response).as_deref() {
+            // The token is the command's own, so say so in the command's terms.
+            Some("idempotency_key_mismatch") => Ok(command_mismatch(request_no)),
+            // The number is another payment's (an HTTP one): that payment is the answer. Found here rather than
+            // looked up before paying: a first delivery costs no read, and a command that meets an HTTP payment
+            // only records its own refused attempt (no order reserved, nothing charged), which every later
+            // delivery replays and answers from here the same way.
+            Some("request_no_conflict") => match self.payment(tenant, request_no).await? {
+                Some(record) if record.token != token => self.answer_of_payment(tenant, record, request, wait).await,
+                _ => Ok(response),
+            },
+            _ => Ok(response),
+        }
+    }
+
+    /// The answer to a command whose `request_no` another payment (an HTTP one) already has: with the same
+    /// fields, that payment's outcome — its token's stored response, waited for while it runs; with others,
+    /// `422`.
+    async fn answer_of_payment(
+        &self,
+        tenant: &str,
+        record: PaymentRecord,
+        request: &PayRequest,
+        wait: Duration,
+    ) -> Result<PayResponse> {
+        if record.order_no != request.order_no || record.amount != request.amount || record.currency != request.currency
+        {
+            return Ok(command_mismatch(&record.request_no));
+        }
+        let stored = || async {
+            let found = self.store().token_and_order(&record.token, tenant, &record.order_no).await?;
+            Ok::<_, Error>(found.and_then(|(t, _)| {
+                if t.state != token_state::COMPLETED || t.tenant != tenant {
+                    return None;
+                }
+                let status = u16::try_from(t.response_status?).ok()?;
+                Some(PayResponse { status, body: t.response_body?, replayed: true, location: None })
+            }))
+        };
+        if let Some(response) = stored().await? {
+            return Ok(response);
+        }
+        // A final payment's token holds its response, written by the commit that ended its workflow.
+        match self.engine.wait(&payment_workflow_id(&record.token), wait).await {
+            Ok(Some(_)) => {
+                if let Some(response) = stored().await? {
+                    return Ok(response);
+                }
+            }
+            Ok(None) => return Ok(processing(&record)),
+            Err(onceflow_engine::Error::NotFound(_)) => {}
+            Err(e) => return Err(e.into()),
+        }
+        // Neither the token's response nor the workflow is kept any more: what the record says.
+        Ok(match record.status.as_str() {
+            payment_status::SUCCEEDED => {
+                let mut body = json!({
+                    "request_no": record.request_no,
+                    "order_no": record.order_no,
+                    "amount": record.amount,
+                    "currency": record.currency,
+                    "status": record.status,
+                });
+                if let Some(id) = &record.charge_id {
+                    body["charge_id"] = json!(id);
+                }
+                PayResponse { status: 201, body: body.to_string(), replayed: true, location: None }
+            }
+            payment_status::PROCESSING => processing(&record),
+            _ => {
+                let detail = format!("request_no {} is already used by another payment", record.request_no);
+                PayResponse::problem(409, "request_no_conflict", "Request number in use", &detail)
+            }
+        })
+    }
+}
+
+/// The idempotency token of a queued command: derived from its tenant and `request_no`, so every delivery of
+/// the command meets the same one. It holds a `:`, which an `Idempotency-Key` cannot, so no HTTP request can
+/// present it; it is never shown to anyone.
+pub fn command_token(tenant: &str, request_no: &str) -> String {
+    // Length-prefixed: no two (tenant, request_no) pairs share an input.
+    let identity = format!("{}:{tenant}{request_no}", tenant.len());
+    format!("mq:{}", hex_sha256(identity.as_bytes()))
+}
+
+/// The `code` of a problem answer.
+fn problem_code(response: &PayResponse) -> Option<String> {
+    if response.status < 400 {
+        return None;
+    }
+    let body: serde_json::Value = serde_json::from_str(&response.body).ok()?;
+    body.get("code")?.as_str().map(str::to_owned)
+}
+
+fn command_mismatch(request_no: &str) -> PayResponse {
+    let detail = format!("request_no {request_no} was used for a different request");
+    PayResponse::problem(422, "idempotency_key_mismatch", "Idempotency key reused", &detail)
+}
+
+/// `202`: the payment of `record` is not final yet.
+fn processing(record: &PaymentRecord) -> PayResponse {
+    PayResponse {
+        status: 202,
+        body: json!({
+            "request_no": record.request_no,
+            "order_no": record.order_no,
+            "amount": record.amount,
+            "currency": record.currency,
+            "status": payment_status::PROCESSING,
+        })
+        .to_string(),
+        replayed: false,
+        location: Some(format!("/v1/payments/{}", record.request_no)),
     }
 }
 

@@ -158,6 +158,11 @@ pub trait PaymentStore: Store {
     fn order(&self, tenant: &str, order_no: &str) -> impl Future<Output = Result<Option<Order>, sqlx::Error>> + Send;
     /// Stores a newly issued token.
     fn insert_token(&self, token: &TokenRecord) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
+    /// Stores `token` unless one with its value exists (a queued command's token, derived from its
+    /// `request_no`: every delivery of the command ensures the same one). An existing token that is still
+    /// `issued` but expired — its command waited in the queue past the expiry — lives again until
+    /// `token.expires_at`; a used token is never touched.
+    fn ensure_token(&self, token: &TokenRecord) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
     /// One token, and whether the tenant has the order: the two checks before a payment, in one round trip.
     fn token_and_order(
         &self,
@@ -370,6 +375,29 @@ macro_rules! impl_payment_store {
                 let q = sqlx::query(
                     "INSERT INTO idempotency_tokens (token, tenant, state, fingerprint, route, response_status, \
                      response_body, created_at, expires_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+                )
+                .bind(&t.token)
+                .bind(&t.tenant)
+                .bind(&t.state)
+                .bind(&t.fingerprint)
+                .bind(&t.route)
+                .bind(t.response_status)
+                .bind(&t.response_body)
+                .bind(t.created_at)
+                .bind(t.expires_at)
+                .bind(t.updated_at);
+                let mut w = self.writer().await.map_err(engine_error)?;
+                let done = q.execute(&mut *w).await;
+                w.check(done)?;
+                Ok(())
+            }
+
+            async fn ensure_token(&self, t: &TokenRecord) -> Result<(), sqlx::Error> {
+                let q = sqlx::query(
+                    "INSERT INTO idempotency_tokens (token, tenant, state, fingerprint, route, response_status, \
+                     response_body, created_at, expires_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) \
+                     ON CONFLICT (token) DO UPDATE SET expires_at = excluded.expires_at, updated_at = excluded.updated_at \
+                     WHERE idempotency_tokens.state = 'issued' AND idempotency_tokens.expires_at <= excluded.created_at",
                 )
                 .bind(&t.token)
                 .bind(&t.tenant)

@@ -220,6 +220,41 @@ impl PaymentStore for MySqlStore {
         Ok(())
     }
 
+    async fn ensure_token(&self, t: &TokenRecord) -> Result<(), sqlx::Error> {
+        let done = sqlx::query(
+            "INSERT INTO idempotency_tokens (token, tenant, state, fingerprint, route, response_status, \
+             response_body, created_at, expires_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        )
+        .bind(&t.token)
+        .bind(&t.tenant)
+        .bind(&t.state)
+        .bind(&t.fingerprint)
+        .bind(&t.route)
+        .bind(t.response_status)
+        .bind(&t.response_body)
+        .bind(t.created_at)
+        .bind(t.expires_at)
+        .bind(t.updated_at)
+        .execute(self.write_pool())
+        .await;
+        // A duplicate key is the token of an earlier delivery: caught, not `INSERT IGNORE`, which would also
+        // turn other errors into warnings.
+        if inserted(done)? {
+            return Ok(());
+        }
+        sqlx::query(
+            "UPDATE idempotency_tokens SET expires_at = ?, updated_at = ? \
+             WHERE token = ? AND state = 'issued' AND expires_at <= ?",
+        )
+        .bind(t.expires_at)
+        .bind(t.updated_at)
+        .bind(&t.token)
+        .bind(t.created_at)
+        .execute(self.write_pool())
+        .await?;
+        Ok(())
+    }
+
     async fn token_and_order(
         &self,
         token: &str,

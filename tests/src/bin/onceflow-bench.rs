@@ -8,7 +8,8 @@
 //! Scenarios: `seed_pay` and `floor_pay` with pgbench; the payment service as a library on Postgres (in-process
 //! mock channel, zero latency) on Postgres and on SQLite; `onceflow serve` over HTTP on Postgres and on embedded
 //! SQLite (with its peak RSS), and on each 1,000 concurrent requests with one token. With `MYSQL_URL=mysql://…` set (a user who may
-//! `CREATE DATABASE`), the library and HTTP scenarios also run on MySQL / MariaDB.
+//! `CREATE DATABASE`), the library and HTTP scenarios also run on MySQL / MariaDB. `mq/postgres`: payment
+//! commands through `onceflow consume` on a RabbitMQ broker (`AMQP_URL`, default the local guest one).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -18,12 +19,16 @@ use onceflow_engine::{EngineConfig, MySqlStore, PgStore, SqliteStore, Store};
 use onceflow_payments::{MockChannel, PayRequest, PaymentStore, Payments};
 use onceflow_tests::baseline::{checkpoint, fresh_db, pgbench};
 
+#[path = "onceflow-bench/mq.rs"]
+mod mq;
+
 struct Options {
     concurrency: u64,
     count: u64,
     duration: Duration,
     storm: u64,
-    /// Run only the scenarios whose name starts with this (`library`, `http/sqlite`, …); the baselines always run.
+    /// Run only the scenarios whose name starts with this (`library`, `http/sqlite`, …; several: comma-separated);
+    /// the baselines always run.
     only: Option<String>,
     /// Connections of the library scenarios' Postgres and MySQL pools (`serve` keeps its default).
     pool: Option<u32>,
@@ -33,7 +38,7 @@ struct Options {
 
 impl Options {
     fn wants(&self, scenario: &str) -> bool {
-        self.only.as_deref().is_none_or(|p| scenario.starts_with(p))
+        self.only.as_deref().is_none_or(|only| only.split(',').any(|p| scenario.starts_with(p)))
     }
 }
 
@@ -62,7 +67,7 @@ fn options() -> anyhow::Result<Options> {
             ("--help" | "-h", _) => {
                 println!(
                     "onceflow-bench [--concurrency 16] [--count 8000] [--duration-secs 60] [--storm 1000] \
-                     [--only library|http|library/postgres|http/sqlite|…] [--pool CONNECTIONS] [--rounds 1]"
+                     [--only library|http|mq|http/postgres,mq/postgres|…] [--pool CONNECTIONS] [--rounds 1]"
                 );
                 std::process::exit(0);
             }
@@ -442,6 +447,15 @@ async fn main() -> anyhow::Result<()> {
         seed_pg(&pg_url, o.count).await?;
         runs.push(http("http/postgres", &pg, &o).await?);
         stormed.push(("Postgres", storm(&pg, &o).await?));
+    }
+
+    if o.wants("mq/postgres") {
+        let amqp = std::env::var("AMQP_URL").unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into());
+        let pg_url = fresh_db(&base, "onceflow_bench_mq")?;
+        let consumer = mq::start(&amqp, &pg_url).await?;
+        seed_pg(&pg_url, o.count).await?;
+        runs.push(mq::run("mq/postgres", &consumer, &o).await?);
+        consumer.finish().await;
     }
 
     if o.wants("library/sqlite") {

@@ -1,0 +1,379 @@
+//! `onceflow consume`: payment commands from a RabbitMQ queue (`contracts/mq.md`).
+//!
+//! Each delivery is paid as the same payment workflow HTTP starts, identified by the tenant and `request_no`
+//! ([`onceflow_payments::Payments::pay_command`]), so a redelivered command attaches to the payment already
+//! under way and gets the same answer. The command is acknowledged only after its answer (or, for a bad
+//! message, its copy in `<queue>.dead`) was confirmed by the broker: a consumer that dies before leaves it to
+//! be delivered again, which is safe. A storage outage returns the command to the queue after a pause. The
+//! connection is this module's own loop: on any broker error it drops the session (the broker requeues what
+//! was unacknowledged) and connects again with a growing pause, rather than lapin's recovery, which would
+//! replay consumers while ackers of the old channel are still in our hands.
+
+mod command;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use lapin::message::Delivery;
+use lapin::options::{
+    BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicPublishOptions, BasicQosOptions,
+    BasicRejectOptions, ConfirmSelectOptions, QueueDeclareOptions,
+};
+use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, ErrorKind};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::backend::{Backend, redact};
+use crate::config::{ConfigError, ConsumeArgs};
+
+/// How long a command is held after a storage outage before it goes back to the queue.
+const OUTAGE_PAUSE: Duration = Duration::from_secs(1);
+/// How long in-flight commands get to finish on shutdown before they are returned to the queue.
+const DRAIN_GRACE: Duration = Duration::from_secs(5);
+/// The first and the longest pause between connection attempts.
+const RECONNECT_FIRST: Duration = Duration::from_millis(200);
+const RECONNECT_MAX: Duration = Duration::from_secs(5);
+/// The header naming why a message was dead-lettered (a problem `code`).
+const ERROR_HEADER: &str = "x-onceflow-error";
+/// The header with the problem's `detail`.
+const DETAIL_HEADER: &str = "x-onceflow-detail";
+
+/// What the consumer is configured with, checked at start-up.
+#[derive(Debug, Clone)]
+pub(crate) struct Settings {
+    amqp_url: String,
+    queue: String,
+    dead: String,
+    tenant: String,
+    prefetch: u16,
+    wait: Duration,
+}
+
+impl Settings {
+    /// The settings of `args`, or what is wrong with them (exit code 2).
+    pub(crate) fn from_args(args: &ConsumeArgs) -> Result<Self, ConfigError> {
+        args.amqp_url
+            .parse::<lapin::uri::AMQPUri>()
+            .map_err(|e| ConfigError(format!("--amqp-url `{}`: {e}", redact(&args.amqp_url))))?;
+        // `<queue>.dead` must fit in an AMQP short string too.
+        if args.queue.is_empty() || args.queue.len() > 250 || args.queue.starts_with("amq.") {
+            return Err(ConfigError(format!(
+                "--queue must be 1-250 bytes and not start with `amq.` (got `{}`)",
+                args.queue
+            )));
+        }
+        if args.tenant.is_empty() {
+            return Err(ConfigError("--tenant must not be empty".into()));
+        }
+        Ok(Self {
+            amqp_url: args.amqp_url.clone(),
+            queue: args.queue.clone(),
+            dead: format!("{}.dead", args.queue),
+            tenant: args.tenant.clone(),
+            prefetch: args.prefetch,
+            wait: Duration::from_millis(args.serve.wait_ms),
+        })
+    }
+}
+
+/// `/metrics` and `/healthz` of a consumer.
+pub(crate) fn metrics_app() -> axum::Router {
+    axum::Router::new()
+        .route("/metrics", axum::routing::get(|| async { crate::metrics::render() }))
+        .route("/healthz", axum::routing::get(|| async { "ok" }))
+}
+
+/// Consumes until `stop` is cancelled, connecting again whenever the broker goes away. An error only for
+/// what retrying cannot mend (the queue exists with other arguments).
+pub(crate) async fn run(backend: Backend, settings: Settings, stop: CancellationToken) -> anyhow::Result<()> {
+    let cx = Arc::new(Context { backend, settings });
+    let mut pause = RECONNECT_FIRST;
+    loop {
+        match session(&cx, &stop).await {
+            Ok(()) => return Ok(()),
+            Err(Ended::Fatal(e)) => return Err(e),
+            Err(Ended::Lost { error, consumed }) => {
+                if consumed {
+                    pause = RECONNECT_FIRST;
+                }
+                let retry_in_ms = u64::try_from(pause.as_millis()).unwrap_or(u64::MAX);
+                if consumed {
+                    tracing::warn!(%error, retry_in_ms, "broker connection lost");
+                } else {
+                    tracing::warn!(%error, retry_in_ms, "cannot reach the broker");
+                }
+            }
+        }
+        tokio::select! {
+            () = stop.cancelled() => return Ok(()),
+            () = tokio::time::sleep(pause) => {}
+        }
+        pause = (pause * 2).min(RECONNECT_MAX);
+    }
+}
+
+struct Context {
+    backend: Backend,
+    settings: Settings,
+}
+
+/// Why a session ended other than by the stop.
+enum Ended {
+    /// The broker went away or a channel failed: connect again (`consumed`: it had been consuming).
+    Lost { error: String, consumed: bool },
+    /// Retrying cannot help.
+    Fatal(anyhow::Error),
+}
+
+impl From<lapin::Error> for Ended {
+    fn from(e: lapin::Error) -> Self {
+        Self::Lost { error: e.to_string(), consumed: false }
+    }
+}
+
+/// Whether the broker refused a declaration because the queue exists with other arguments.
+fn precondition_failed(e: &lapin::Error) -> bool {
+    matches!(e.kind(), ErrorKind::ProtocolError(amqp)
+        if *amqp.kind() == AMQPErrorKind::Soft(AMQPSoftError::PRECONDITIONFAILED))
+}
+
+/// Declares the command queue (durable, dead-lettering into `<queue>.dead`) and the dead-letter queue.
+async fn declare(channel: &Channel, s: &Settings) -> Result<(), Ended> {
+    let durable = QueueDeclareOptions::durable();
+    let mut arguments = FieldTable::default();
+    arguments.insert("x-dead-letter-exchange".into(), AMQPValue::LongString(LongString::from("")));
+    arguments.insert("x-dead-letter-routing-key".into(), AMQPValue::LongString(LongString::from(s.dead.as_str())));
+    for (queue, arguments) in [(&s.dead, FieldTable::default()), (&s.queue, arguments)] {
+        if let Err(e) = channel.queue_declare(queue.as_str().into(), durable, arguments).await {
+            if precondition_failed(&e) {
+                return Err(Ended::Fatal(anyhow::anyhow!(
+                    "queue {queue} exists with other arguments than a durable queue dead-lettering into {} \
+                     (delete it, or choose another --queue): {e}",
+                    s.dead
+                )));
+            }
+            return Err(e.into());
+        }
+    }
+    Ok(())
+}
+
+/// One connection: consumes until the stop (then drains and returns `Ok`) or until the broker fails.
+async fn session(cx: &Arc<Context>, stop: &CancellationToken) -> Result<(), Ended> {
+    let s = &cx.settings;
+    let properties = ConnectionProperties::default().with_connection_name("onceflow consume".into());
+    let connection = tokio::select! {
+        () = stop.cancelled() => return Ok(()),
+        c = Connection::connect(&s.amqp_url, properties) => c?,
+    };
+    // Deliveries and their acks on one channel, answers on another with publisher confirms.
+    let deliveries = connection.create_channel().await?;
+    let publisher = connection.create_channel().await?;
+    publisher.confirm_select(ConfirmSelectOptions::default()).await?;
+    declare(&deliveries, s).await?;
+    deliveries.basic_qos(s.prefetch, BasicQosOptions::default()).await?;
+    let mut consumer = deliveries
+        .basic_consume(s.queue.as_str().into(), "".into(), BasicConsumeOptions::default(), FieldTable::default())
+        .await?;
+    tracing::info!(
+        amqp_url = %redact(&s.amqp_url), queue = %s.queue, tenant = %s.tenant, prefetch = s.prefetch,
+        "consuming"
+    );
+
+    // Cancelled by a task whose answer channel failed: the session is of no use any more.
+    let broken = CancellationToken::new();
+    // Cancelled when the drain's grace is over: commands still in flight go back to the queue.
+    let abandon = CancellationToken::new();
+    let mut tasks = JoinSet::new();
+    let lost = loop {
+        tokio::select! {
+            () = stop.cancelled() => break None,
+            () = broken.cancelled() => break Some("the answer channel failed".to_owned()),
+            next = consumer.next() => match next {
+                Some(Ok(delivery)) => {
+                    let task = Task { cx: cx.clone(), publisher: publisher.clone(), broken: broken.clone() };
+                    tasks.spawn(task.handle(delivery, abandon.clone()));
+                }
+                Some(Err(e)) => break Some(e.to_string()),
+                None => break Some("the broker cancelled the consumer".to_owned()),
+            },
+            Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
+        }
+    };
+    if let Some(error) = lost {
+        // Dropping the tasks drops their deliveries: the broker requeues them with the connection.
+        drop(tasks);
+        let _ = connection.close(200, "reconnecting".into()).await;
+        return Err(Ended::Lost { error, consumed: true });
+    }
+
+    // Stop: take no more, let the ones in flight finish (or return them), give back what was prefetched.
+    tracing::info!(in_flight = tasks.len(), "stopping: no more deliveries, finishing the ones in flight");
+    let _ = deliveries.basic_cancel(consumer.tag(), BasicCancelOptions::default()).await;
+    let drain = async {
+        loop {
+            tokio::select! {
+                next = consumer.next() => match next {
+                    Some(Ok(prefetched)) => requeue(&prefetched).await,
+                    Some(Err(_)) | None => break,
+                },
+                Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
+            }
+        }
+        while tasks.join_next().await.is_some() {}
+    };
+    if tokio::time::timeout(DRAIN_GRACE, drain).await.is_err() {
+        abandon.cancel();
+        while tasks.join_next().await.is_some() {}
+    }
+    let _ = deliveries.close(200, "shutting down".into()).await;
+    let _ = publisher.close(200, "shutting down".into()).await;
+    let _ = connection.close(200, "shutting down".into()).await;
+    tracing::info!("consumer stopped");
+    Ok(())
+}
+
+/// Returns a delivery to the queue.
+async fn requeue(delivery: &Delivery) {
+    metrics::counter!("onceflow_mq_commands_total", "outcome" => "requeued").increment(1);
+    let _ = delivery.acker.nack(BasicNackOptions { multiple: false, requeue: true }).await;
+}
+
+/// Counts a delivery in flight while it lives.
+struct InFlight;
+
+impl InFlight {
+    fn new() -> Self {
+        metrics::gauge!("onceflow_mq_in_flight").increment(1.0);
+        Self
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        metrics::gauge!("onceflow_mq_in_flight").decrement(1.0);
+    }
+}
+
+/// What one delivery's task holds.
+struct Task {
+    cx: Arc<Context>,
+    publisher: Channel,
+    broken: CancellationToken,
+}
+
+impl Task {
+    /// Handles one delivery to its acknowledgement (or its return to the queue when `abandon` fires first).
+    async fn handle(self, delivery: Delivery, abandon: CancellationToken) {
+        let _in_flight = InFlight::new();
+        tokio::select! {
+            () = self.process(&delivery) => {}
+            () = abandon.cancelled() => requeue(&delivery).await,
+        }
+    }
+
+    async fn process(&self, delivery: &Delivery) {
+        let s = &self.cx.settings;
+        let command = match command::parse(delivery) {
+            Ok(command) => command,
+            Err(detail) => return self.dead_letter(delivery, &detail).await,
+        };
+        let request_no = command.request.request_no.clone().unwrap_or_default();
+        let response = match self.cx.backend.pay_command(&s.tenant, &command.request, s.wait).await {
+            Ok(response) => response,
+            Err(e) => {
+                tracing::warn!(%request_no, error = %e, "storage unavailable: the command goes back to the queue");
+                tokio::time::sleep(OUTAGE_PAUSE).await;
+                return requeue(delivery).await;
+            }
+        };
+        if response.status == 400 {
+            return self.dead_letter(delivery, &command::detail_of(&response)).await;
+        }
+        let properties = BasicProperties::default()
+            .with_content_type("application/json".into())
+            .with_delivery_mode(2)
+            .with_correlation_id(command.correlation_id.clone());
+        let body = command::answer_bytes(&response);
+        match self.publish(command.reply_to.clone(), &body, properties).await {
+            Some(Confirmation::Ack(returned)) => {
+                if returned.is_some() {
+                    // The payment stands and can be read over HTTP; there is no one to tell.
+                    tracing::warn!(%request_no, reply_to = %command.reply_to, "no queue takes the answer: dropped");
+                }
+                if self.ack(delivery).await {
+                    let class = match response.status {
+                        200..=299 => "2xx",
+                        400..=499 => "4xx",
+                        _ => "5xx",
+                    };
+                    metrics::counter!("onceflow_mq_commands_total", "outcome" => class).increment(1);
+                    tracing::info!(%request_no, status = response.status, "command answered");
+                }
+            }
+            Some(_) => {
+                tracing::warn!(%request_no, "the broker did not take the answer: the command goes back to the queue");
+                tokio::time::sleep(OUTAGE_PAUSE).await;
+                requeue(delivery).await;
+            }
+            // The answer channel failed: the session ends, and the broker delivers the command again.
+            None => {}
+        }
+    }
+
+    /// Publishes on the answer channel and waits for the broker's confirm; `None` if the channel failed.
+    async fn publish(
+        &self,
+        routing_key: ShortString,
+        body: &[u8],
+        properties: BasicProperties,
+    ) -> Option<Confirmation> {
+        let options = BasicPublishOptions { mandatory: true, immediate: false };
+        let published = match self.publisher.basic_publish("".into(), routing_key, options, body, properties).await {
+            Ok(confirm) => confirm.await,
+            Err(e) => Err(e),
+        };
+        match published {
+            Ok(confirmation) => Some(confirmation),
+            Err(e) => {
+                tracing::warn!(error = %e, "publishing failed");
+                self.broken.cancel();
+                None
+            }
+        }
+    }
+
+    /// Acknowledges the delivery; whether the broker had it (a lost channel requeues it instead).
+    async fn ack(&self, delivery: &Delivery) -> bool {
+        match delivery.acker.ack(BasicAckOptions::default()).await {
+            Ok(done) => done,
+            Err(e) => {
+                tracing::warn!(error = %e, "acknowledging failed: the command will be delivered again");
+                false
+            }
+        }
+    }
+
+    /// Moves a bad message to `<queue>.dead` with the problem's code in `x-onceflow-error`: a copy published
+    /// there and confirmed, then the original acknowledged. (A plain reject would dead-letter it too, through
+    /// the queue's arguments, but cannot add a header; it is the fallback when the copy is refused.)
+    async fn dead_letter(&self, delivery: &Delivery, detail: &str) {
+        let s = &self.cx.settings;
+        tracing::warn!(queue = %s.queue, detail, "bad message: dead-lettered");
+        let mut headers = delivery.properties.headers().clone().unwrap_or_default();
+        headers.insert(ERROR_HEADER.into(), AMQPValue::LongString("invalid_request".into()));
+        headers.insert(DETAIL_HEADER.into(), AMQPValue::LongString(detail.into()));
+        let properties = delivery.properties.clone().with_headers(headers).with_delivery_mode(2);
+        let moved = match self.publish(s.dead.as_str().into(), &delivery.data, properties).await {
+            Some(Confirmation::Ack(None)) => self.ack(delivery).await,
+            Some(_) => delivery.acker.reject(BasicRejectOptions { requeue: false }).await.is_ok_and(|done| done),
+            None => false,
+        };
+        if moved {
+            metrics::counter!("onceflow_mq_commands_total", "outcome" => "dead_lettered").increment(1);
+        }
+    }
+}

@@ -1,0 +1,113 @@
+//! `Payments::pay_command` (a queued command, `contracts/mq.md`) and `PaymentStore::ensure_token` on SQLite,
+//! Postgres and MySQL: concurrent deliveries of one command charge once and answer alike; a command meets an
+//! HTTP payment of its number as that payment; the command's token is ensured, revived when it expired unused,
+//! and never touched once used.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use onceflow_engine::EngineConfig;
+use onceflow_payments::{
+    MockChannel, MockChannelConfig, PayRequest, PaymentStore, Payments, TokenRecord, check_invariants, command_token,
+    token_state,
+};
+use onceflow_tests::{TestDb, on_every_backend};
+
+const T: &str = "default";
+const WAIT: Duration = Duration::from_secs(20);
+
+fn request(order_no: &str, amount: i64, request_no: Option<&str>) -> PayRequest {
+    PayRequest { order_no: order_no.into(), amount, currency: "CNY".into(), request_no: request_no.map(Into::into) }
+}
+
+fn code(body: &str) -> String {
+    serde_json::from_str::<serde_json::Value>(body).unwrap()["code"].as_str().unwrap_or_default().to_owned()
+}
+
+async fn fifty_deliveries_of_one_command_charge_once<S: TestDb + PaymentStore>(store: S) {
+    let channel = MockChannel::new(MockChannelConfig { latency_ms: 20, ..MockChannelConfig::default() });
+    let p = Payments::new(store.clone(), Arc::new(channel.clone()), EngineConfig::default());
+    p.create_order(T, "O-1", 1000, "CNY").await.unwrap();
+    let mut tasks = Vec::new();
+    for _ in 0..50 {
+        let p = p.clone();
+        tasks.push(tokio::spawn(async move { p.pay_command(T, &request("O-1", 1000, Some("R-1")), WAIT).await }));
+    }
+    let mut answers = Vec::new();
+    for t in tasks {
+        answers.push(t.await.unwrap().unwrap());
+    }
+    assert_eq!(answers[0].status, 201, "{}", answers[0].body);
+    assert!(answers.iter().all(|a| a.status == 201 && a.body == answers[0].body), "answers differ");
+    assert!(!answers[0].body.contains(&command_token(T, "R-1")), "the token shows in the answer");
+    assert_eq!(channel.ledger().kept_charges("O-1"), 1);
+    // Later: the same bytes; other fields under the number: 422; no number or a bad field: 400.
+    let again = p.pay_command(T, &request("O-1", 1000, Some("R-1")), WAIT).await.unwrap();
+    assert_eq!(again.body, answers[0].body);
+    let other = p.pay_command(T, &request("O-1", 999, Some("R-1")), WAIT).await.unwrap();
+    assert_eq!((other.status, code(&other.body)), (422, "idempotency_key_mismatch".into()));
+    let none = p.pay_command(T, &request("O-1", 1000, None), WAIT).await.unwrap();
+    assert_eq!((none.status, code(&none.body)), (400, "invalid_request".into()));
+    let zero = p.pay_command(T, &request("O-1", 0, Some("R-2")), WAIT).await.unwrap();
+    assert_eq!((zero.status, code(&zero.body)), (400, "invalid_request".into()));
+    // Another number for the paid order: refused, never charged.
+    let late = p.pay_command(T, &request("O-1", 1000, Some("R-3")), WAIT).await.unwrap();
+    assert_eq!((late.status, code(&late.body)), (409, "order_not_payable".into()));
+    assert_eq!(channel.ledger().charges.len(), 1);
+    let violations = check_invariants(&store, &channel.ledger()).await.unwrap();
+    assert!(violations.is_empty(), "{violations:?}");
+}
+
+async fn a_command_under_an_http_number_is_that_payment<S: TestDb + PaymentStore>(store: S) {
+    let channel = MockChannel::reliable();
+    let p = Payments::new(store.clone(), Arc::new(channel.clone()), EngineConfig::default());
+    p.create_order(T, "O-1", 1000, "CNY").await.unwrap();
+    let token = p.issue_token(T).await.unwrap().token;
+    let paid = p.pay(T, &token, "/v1/payments", &request("O-1", 1000, Some("H-1")), WAIT).await.unwrap();
+    assert_eq!(paid.status, 201);
+    for _ in 0..2 {
+        let same = p.pay_command(T, &request("O-1", 1000, Some("H-1")), WAIT).await.unwrap();
+        assert_eq!((same.status, &same.body), (201, &paid.body));
+    }
+    let other = p.pay_command(T, &request("O-1", 500, Some("H-1")), WAIT).await.unwrap();
+    assert_eq!((other.status, code(&other.body)), (422, "idempotency_key_mismatch".into()));
+    assert_eq!(channel.ledger().charge_calls, 1, "a command charged again");
+}
+
+async fn the_commands_token_is_ensured_revived_and_left_alone_once_used<S: TestDb + PaymentStore>(store: S) {
+    let token = command_token(T, "R-9");
+    let record = |expires_at: i64| TokenRecord {
+        token: token.clone(),
+        tenant: T.into(),
+        state: token_state::ISSUED.into(),
+        fingerprint: None,
+        route: None,
+        response_status: None,
+        response_body: None,
+        created_at: 1_000,
+        expires_at,
+        updated_at: 1_000,
+    };
+    let read = || async { store.token_and_order(&token, T, "none").await.unwrap().unwrap().0 };
+    store.ensure_token(&record(2_000)).await.unwrap();
+    store.ensure_token(&record(2_000)).await.unwrap();
+    assert_eq!(read().await.expires_at, 2_000);
+    // Not yet expired at the second delivery: left as it is.
+    store.ensure_token(&TokenRecord { created_at: 1_500, ..record(9_000) }).await.unwrap();
+    assert_eq!(read().await.expires_at, 2_000);
+    // Expired unused (its command waited in the queue): lives again.
+    store.ensure_token(&TokenRecord { created_at: 3_000, ..record(9_000) }).await.unwrap();
+    assert_eq!(read().await.expires_at, 9_000);
+    // Used: never touched.
+    store.execute("UPDATE idempotency_tokens SET state = 'in_use' WHERE token = $1", &token).await.unwrap();
+    store.ensure_token(&TokenRecord { created_at: 20_000, ..record(99_000) }).await.unwrap();
+    let used = read().await;
+    assert_eq!((used.state.as_str(), used.expires_at), ("in_use", 9_000));
+    assert!(token.starts_with("mq:") && command_token(T, "R-9") == token && command_token("other", "R-9") != token);
+}
+
+on_every_backend!(
+    fifty_deliveries_of_one_command_charge_once,
+    a_command_under_an_http_number_is_that_payment,
+    the_commands_token_is_ensured_revived_and_left_alone_once_used,
+);
