@@ -298,7 +298,17 @@ impl<S: PaymentStore> Payments<S> {
             updated_at: now,
         };
         self.store().ensure_token(&record).await?;
-        let response = self.pay(tenant, &token, COMMAND_ROUTE, request, wait).await?;
+        let mut response = self.pay(tenant, &token, COMMAND_ROUTE, request, wait).await?;
+        if problem_code(&response).as_deref() == Some("order_not_found") {
+            // Nothing was recorded, so over HTTP the token stays usable; a command's answer is kept instead, so
+            // that a redelivery after the order appears answers the same bytes rather than paying. A payment
+            // that claimed the token meanwhile is the answer.
+            let stored = StoredResponse { status: response.status, body: response.body.clone() };
+            let fingerprint = request.fingerprint();
+            if !self.store().settle_unused_token(&token, &fingerprint, COMMAND_ROUTE, &stored, now).await? {
+                response = self.pay(tenant, &token, COMMAND_ROUTE, request, wait).await?;
+            }
+        }
         match problem_code(&response).as_deref() {
             // The token is the command's own, so say so in the command's terms.
             Some("idempotency_key_mismatch") => Ok(command_mismatch(request_no)),

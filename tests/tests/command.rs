@@ -106,7 +106,23 @@ async fn the_commands_token_is_ensured_revived_and_left_alone_once_used<S: TestD
     assert!(token.starts_with("mq:") && command_token(T, "R-9") == token && command_token("other", "R-9") != token);
 }
 
+/// A command for an order that does not exist (yet) keeps its answer: a redelivery after the order was created
+/// answers the same bytes and charges nothing (`contracts/mq.md`: the same command, the same answer).
+async fn a_command_for_an_unknown_order_keeps_its_answer<S: TestDb + PaymentStore>(store: S) {
+    let channel = MockChannel::reliable();
+    let p = Payments::new(store.clone(), Arc::new(channel.clone()), EngineConfig::default());
+    let first = p.pay_command(T, &request("O-9", 1000, Some("R-9")), WAIT).await.unwrap();
+    assert_eq!((first.status, code(&first.body)), (404, "order_not_found".into()));
+    p.create_order(T, "O-9", 1000, "CNY").await.unwrap();
+    let again = p.pay_command(T, &request("O-9", 1000, Some("R-9")), WAIT).await.unwrap();
+    assert_eq!((again.status, &again.body), (404, &first.body), "the same command, the same answer");
+    let other = p.pay_command(T, &request("O-9", 999, Some("R-9")), WAIT).await.unwrap();
+    assert_eq!((other.status, code(&other.body)), (422, "idempotency_key_mismatch".into()));
+    assert_eq!(channel.ledger().charge_calls, 0);
+}
+
 on_every_backend!(
+    a_command_for_an_unknown_order_keeps_its_answer,
     fifty_deliveries_of_one_command_charge_once,
     a_command_under_an_http_number_is_that_payment,
     the_commands_token_is_ensured_revived_and_left_alone_once_used,

@@ -236,6 +236,18 @@ async fn session(cx: &Arc<Context>, stop: &CancellationToken) -> Result<(), Ende
     Ok(())
 }
 
+/// The most of a bad message's detail that its dead-letter copy and the log carry.
+const DETAIL_MAX: usize = 256;
+
+/// `text` cut to at most `max` bytes, at a character boundary.
+fn shortened(text: &str, max: usize) -> &str {
+    let mut end = text.len().min(max);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
 /// Returns a delivery to the queue.
 async fn requeue(delivery: &Delivery) {
     metrics::counter!("onceflow_mq_commands_total", "outcome" => "requeued").increment(1);
@@ -362,6 +374,9 @@ impl Task {
     /// the queue's arguments, but cannot add a header; it is the fallback when the copy is refused.)
     async fn dead_letter(&self, delivery: &Delivery, detail: &str) {
         let s = &self.cx.settings;
+        // The detail may quote the bad input: a short prefix, so that the copy's header frame stays far below the
+        // broker's frame limit (a frame over it closes the connection, and the message would come back forever).
+        let detail = shortened(detail, DETAIL_MAX);
         tracing::warn!(queue = %s.queue, detail, "bad message: dead-lettered");
         let mut headers = delivery.properties.headers().clone().unwrap_or_default();
         headers.insert(ERROR_HEADER.into(), AMQPValue::LongString("invalid_request".into()));

@@ -163,6 +163,16 @@ pub trait PaymentStore: Store {
     /// `issued` but expired — its command waited in the queue past the expiry — lives again until
     /// `token.expires_at`; a used token is never touched.
     fn ensure_token(&self, token: &TokenRecord) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
+    /// Completes a token that is still unused (`issued`) with a final answer given before anything was
+    /// recorded, bound to `fingerprint` and `route`; whether it did (`false`: a payment claimed it meanwhile).
+    fn settle_unused_token(
+        &self,
+        token: &str,
+        fingerprint: &str,
+        route: &str,
+        response: &crate::model::StoredResponse,
+        now: i64,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
     /// One token, and whether the tenant has the order: the two checks before a payment, in one round trip.
     fn token_and_order(
         &self,
@@ -413,6 +423,29 @@ macro_rules! impl_payment_store {
                 let done = q.execute(&mut *w).await;
                 w.check(done)?;
                 Ok(())
+            }
+
+            async fn settle_unused_token(
+                &self,
+                token: &str,
+                fingerprint: &str,
+                route: &str,
+                response: &crate::model::StoredResponse,
+                now: i64,
+            ) -> Result<bool, sqlx::Error> {
+                let q = sqlx::query(
+                    "UPDATE idempotency_tokens SET state = 'completed', fingerprint = $2, route = $3, \
+                     response_status = $4, response_body = $5, updated_at = $6 WHERE token = $1 AND state = 'issued'",
+                )
+                .bind(token)
+                .bind(fingerprint)
+                .bind(route)
+                .bind(i32::from(response.status))
+                .bind(&response.body)
+                .bind(now);
+                let mut w = self.writer().await.map_err(engine_error)?;
+                let done = q.execute(&mut *w).await;
+                Ok(w.check(done)?.rows_affected() == 1)
             }
 
             async fn token_and_order(

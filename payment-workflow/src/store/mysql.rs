@@ -255,6 +255,29 @@ impl PaymentStore for MySqlStore {
         Ok(())
     }
 
+    async fn settle_unused_token(
+        &self,
+        token: &str,
+        fingerprint: &str,
+        route: &str,
+        response: &crate::model::StoredResponse,
+        now: i64,
+    ) -> Result<bool, sqlx::Error> {
+        let done = sqlx::query(
+            "UPDATE idempotency_tokens SET state = 'completed', fingerprint = ?, route = ?, response_status = ?, \
+             response_body = ?, updated_at = ? WHERE token = ? AND state = 'issued'",
+        )
+        .bind(fingerprint)
+        .bind(route)
+        .bind(i32::from(response.status))
+        .bind(&response.body)
+        .bind(now)
+        .bind(token)
+        .execute(self.write_pool())
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
     async fn token_and_order(
         &self,
         token: &str,
