@@ -136,19 +136,7 @@ impl<S: PaymentStore> Payments<S> {
         let random = format!("{}{}", uuid::Uuid::new_v4().simple(), uuid::Uuid::new_v4().simple());
         // Two v4 UUIDs carry 244 random bits; hashing keeps the token's form uniform.
         let token = format!("tok_{}", hex_sha256(random.as_bytes()));
-        let now = self.now();
-        let record = TokenRecord {
-            token: token.clone(),
-            tenant: tenant.to_owned(),
-            state: token_state::ISSUED.to_owned(),
-            fingerprint: None,
-            route: None,
-            response_status: None,
-            response_body: None,
-            created_at: now,
-            expires_at: now + TOKEN_TTL_MS,
-            updated_at: now,
-        };
+        let record = unused_token(tenant, &token, self.now());
         self.store().insert_token(&record).await?;
         Ok(IssuedToken { token, expires_at: record.expires_at })
     }
@@ -285,19 +273,7 @@ impl<S: PaymentStore> Payments<S> {
         }
         let token = command_token(tenant, request_no);
         let now = self.now();
-        let record = TokenRecord {
-            token: token.clone(),
-            tenant: tenant.to_owned(),
-            state: token_state::ISSUED.to_owned(),
-            fingerprint: None,
-            route: None,
-            response_status: None,
-            response_body: None,
-            created_at: now,
-            expires_at: now + TOKEN_TTL_MS,
-            updated_at: now,
-        };
-        self.store().ensure_token(&record).await?;
+        self.store().ensure_token(&unused_token(tenant, &token, now)).await?;
         let mut response = self.pay(tenant, &token, COMMAND_ROUTE, request, wait).await?;
         if problem_code(&response).as_deref() == Some("order_not_found") {
             // Nothing was recorded, so over HTTP the token stays usable; a command's answer is kept instead, so
@@ -438,6 +414,22 @@ fn payment_input(tenant: &str, token: &str, route: &str, request: &PayRequest) -
         amount: request.amount,
         currency: request.currency.clone(),
         request_no: request.request_no.clone().unwrap_or_else(|| format!("R-{}", &hex_sha256(token.as_bytes())[..24])),
+    }
+}
+
+/// The tenant's `token`, unused, issued `now` and living [`TOKEN_TTL_MS`].
+fn unused_token(tenant: &str, token: &str, now: i64) -> TokenRecord {
+    TokenRecord {
+        token: token.to_owned(),
+        tenant: tenant.to_owned(),
+        state: token_state::ISSUED.to_owned(),
+        fingerprint: None,
+        route: None,
+        response_status: None,
+        response_body: None,
+        created_at: now,
+        expires_at: now + TOKEN_TTL_MS,
+        updated_at: now,
     }
 }
 
