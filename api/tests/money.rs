@@ -205,6 +205,28 @@ async fn a_refusal_after_an_unknown_outcome(url: &str) {
     assert!(channel.closes() >= 1, "the number was closed");
 }
 
+on_every_backend!(a_channel_without_close:
+    a_cancel_on_a_channel_without_close_is_left_to_an_operator_sqlite => "sqlite",
+    a_cancel_on_a_channel_without_close_is_left_to_an_operator_postgres => "postgres",
+    a_cancel_on_a_channel_without_close_is_left_to_an_operator_mysql => "mysql",
+);
+
+/// A channel that cannot close a number (`404`) leaves nothing to wait for: the cancel's compensation ends
+/// `compensation_failed` for an operator at once, rather than retrying forever in `compensating`.
+async fn a_channel_without_close(url: &str) {
+    let channel = TestChannel::serve_closeless(Duration::from_secs(2)).await;
+    let app = common::start(url, http_channel(&channel), Auth::SingleTenant).await;
+    app.order("O-1", 1000).await;
+    let token = app.token().await;
+    let accepted = pay_in_background(&app, &token, body("O-1", 1000, "R-1")).await;
+    assert_eq!(accepted.status, 202, "{}", accepted.text);
+    let workflow_id = payment_workflow_id(&token);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let cancel = app.post(&format!("/v1/workflows/{workflow_id}/cancel"), json!({})).await;
+    assert_eq!(cancel.status, 200, "{}", cancel.text);
+    assert_eq!(final_state(&app, &workflow_id, Duration::from_secs(10)).await, "compensation_failed");
+}
+
 on_every_backend!(a_cancel_of_a_rejected_payment:
     a_cancel_of_a_rejected_payment_leaves_the_payment_in_flight_alone_sqlite => "sqlite",
     a_cancel_of_a_rejected_payment_leaves_the_payment_in_flight_alone_postgres => "postgres",

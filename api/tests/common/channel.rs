@@ -2,7 +2,8 @@
 //! HTTP on a loopback port, with a ledger the tests judge by. Two ways to misbehave on purpose: `hold` keeps a
 //! new charge request in flight before recording it, `mixed` keeps no merchants apart (as a channel
 //! predating merchant ids would), answering one merchant's number with another's charge, and `busy` refuses a
-//! charge request while another one under the same number is in flight (`409`, as some channels do).
+//! charge request while another one under the same number is in flight (`409`, as some channels do); `closeless`
+//! answers `404` to a close, as a channel predating it would.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -54,24 +55,30 @@ pub struct TestChannel {
     hold: Duration,
     mixed: bool,
     busy: bool,
+    closeless: bool,
     pub url: String,
 }
 
 impl TestChannel {
     /// Serves a channel on a loopback port.
     pub async fn serve(hold: Duration, mixed: bool) -> Self {
-        Self::serve_with(hold, mixed, false).await
+        Self::serve_with(hold, mixed, false, false).await
     }
 
     /// Serves a channel that refuses a charge request while another one under its number is in flight.
     pub async fn serve_busy(hold: Duration) -> Self {
-        Self::serve_with(hold, false, true).await
+        Self::serve_with(hold, false, true, false).await
     }
 
-    async fn serve_with(hold: Duration, mixed: bool, busy: bool) -> Self {
+    /// Serves a channel without close (`404`).
+    pub async fn serve_closeless(hold: Duration) -> Self {
+        Self::serve_with(hold, false, false, true).await
+    }
+
+    async fn serve_with(hold: Duration, mixed: bool, busy: bool, closeless: bool) -> Self {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
-        let channel = Self { book: Arc::default(), hold, mixed, busy, url };
+        let channel = Self { book: Arc::default(), hold, mixed, busy, closeless, url };
         let app = Router::new()
             .route("/v1/charges", post(charge))
             .route("/v1/charges/{no}", get(query))
@@ -168,6 +175,9 @@ async fn query(
 }
 
 async fn close(State(c): State<TestChannel>, Path(no): Path<String>, Json(req): Json<Value>) -> Response {
+    if c.closeless {
+        return answer(404, json!({"error": "not_found"}));
+    }
     let key = c.key(&text(&req, "merchant_id"), &no);
     let mut book = c.book.lock().unwrap();
     book.closes += 1;
