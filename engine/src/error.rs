@@ -82,6 +82,9 @@ impl StepError {
     }
 }
 
+/// The failure code of an operator's cancel.
+pub const CANCELLED_CODE: &str = "cancelled";
+
 /// A terminal failure: a stable code, a message for people and optional details for programs.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, thiserror::Error)]
 #[error("{code}: {message}")]
@@ -135,8 +138,10 @@ pub enum Interrupt {
     /// recorded instance.
     #[error("the workflow was started elsewhere first")]
     Duplicate,
-    /// The first commit's statement phase did not hold its guard: nothing of the workflow was recorded, and the
-    /// start is refused.
+    /// The workflow must not start: returned by a body before the workflow's first commit (or raised by the
+    /// guard of a statement phase that is that commit), it rolls the open phase back, nothing of the workflow is
+    /// recorded, and the start is [`Error::Refused`]. After the first commit it fails the workflow like
+    /// [`Interrupt::Failed`].
     #[error("refused: {0}")]
     Refused(Failure),
     /// Another worker holds the workflow now; this worker must stop touching it.
@@ -159,6 +164,18 @@ pub enum Interrupt {
     /// The database failed; the workflow is released and retried later.
     #[error(transparent)]
     Engine(#[from] Error),
+}
+
+/// `f` as stored in a workflow's or step's `error` column.
+pub(crate) fn failure_json(f: &Failure) -> String {
+    serde_json::to_string(f).unwrap_or_else(|_| format!("{{\"code\":\"{}\"}}", f.code))
+}
+
+/// A stored `error` column read back as a failure (a plain message becomes one coded `failed`).
+pub(crate) fn parse_failure(error: Option<&str>) -> Failure {
+    error
+        .and_then(|e| serde_json::from_str(e).ok())
+        .unwrap_or_else(|| Failure::new("failed", error.unwrap_or("failed").to_owned()))
 }
 
 /// The wait before replaying a phase undone by a transient database error (times the replays so far).

@@ -43,10 +43,14 @@
 #![forbid(unsafe_code)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
 
+mod background;
 mod clock;
+mod config;
 mod context;
+mod core;
 mod engine;
 mod error;
+mod ops;
 mod outcome;
 mod phase;
 mod retry;
@@ -56,16 +60,18 @@ mod store;
 mod workflow;
 
 pub use clock::{Clock, ManualClock, SystemClock};
+pub use config::EngineConfig;
 pub use context::WorkflowContext;
-pub use engine::{CANCELLED_CODE, Engine, EngineBuilder, EngineConfig, Handle, WorkflowView};
-pub use error::{Error, Failure, Interrupt, Result, StepError, is_transient};
+pub use engine::{Engine, EngineBuilder, Handle};
+pub use error::{CANCELLED_CODE, Error, Failure, Interrupt, Result, StepError, is_transient};
+pub use ops::WorkflowView;
 pub use outcome::Outcome;
 pub use phase::{PhaseCommit, PhaseRow, PhaseStep, SqlArg, StatementOutcome, StatementPhase};
 pub use retry::RetryPolicy;
-pub use step::{Attempt, Previous, StepSpec, step};
+pub use step::{Attempt, BoxFuture, Previous, StepSpec, step};
 pub use store::{
     Checkpoint, CompensationRecord, Conn, Fence, Listener, MYSQL_MIGRATOR, MySqlStore, POSTGRES_MIGRATOR, Persisted,
     PgStore, Reopen, SQLITE_MIGRATOR, SQLITE_PHASE_FLAGS, SqliteStore, StepRecord, Store, Tx, WorkflowRecord,
     WorkflowUpdate, compensation_status, kind, state, step_status,
 };
-pub use workflow::{BoxFuture, Compensation, Workflow};
+pub use workflow::{Compensation, Workflow};

@@ -3,8 +3,8 @@
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
-use crate::context::parse_failure;
 use crate::error::Failure;
+use crate::error::parse_failure;
 use crate::store::{WorkflowRecord, state};
 
 /// The end of a workflow.

@@ -1,17 +1,16 @@
 //! Driving one workflow instance: run or replay its body, then its compensations, and handle every way it can
 //! stop (a wait, a lost lease, a shutdown, a database failure).
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::context::{WorkflowContext, failure_json, parse_failure};
-use crate::engine::{Core, StartSignal};
-use crate::error::{Error, Failure, Interrupt, TRANSIENT_RETRY_MS, is_transient};
+use crate::context::WorkflowContext;
+use crate::core::{Core, StartSignal};
+use crate::error::{Error, Failure, Interrupt, TRANSIENT_RETRY_MS, failure_json, is_transient, parse_failure};
 use crate::outcome::Outcome;
-use crate::store::{StepRecord, Store, WorkflowRecord, WorkflowUpdate, compensation_status, state, step_status};
+use crate::store::{Store, WorkflowRecord, WorkflowUpdate, compensation_status, state, step_status};
 use crate::workflow::{Compensation, ErasedWorkflow};
 
 /// How many times a run replays a phase or commit undone by a transient error before releasing the workflow.
@@ -74,30 +73,25 @@ async fn drive_until_stopped<S: Store>(
     core: &Arc<Core<S>>,
     wf: &dyn ErasedWorkflow<S>,
     mut record: WorkflowRecord,
-    mut insert: bool,
-    mut started: Option<StartSignal>,
+    insert: bool,
+    started: Option<StartSignal>,
     unrecorded: &mut Unrecorded,
 ) -> Option<Outcome> {
     let id = record.workflow_id.clone();
-    let mut carried: Vec<StepRecord> = Vec::new();
-    let mut attempts: HashMap<String, u32> = HashMap::new();
+    let mut ctx = WorkflowContext::new(core.clone(), &record, insert, started);
     let mut transient = 0u32;
     loop {
-        let history = if insert {
-            Ok((Vec::new(), Vec::new()))
-        } else {
-            tokio::try_join!(core.store.steps(&id), core.store.compensations(&id))
-        };
-        let (steps, comps) = match history {
-            Ok(h) => h,
-            Err(e) => {
-                back_off(core, &record, &e, false).await;
-                return None;
+        if ctx.recorded() {
+            match tokio::try_join!(core.store.steps(&id), core.store.compensations(&id)) {
+                Ok((steps, comps)) => ctx.replay_from(steps, comps),
+                Err(e) => {
+                    back_off(core, &record, &e, false).await;
+                    return None;
+                }
             }
-        };
-        let mut ctx = WorkflowContext::new(core.clone(), &record, insert, steps, &comps, started.take());
-        ctx.restore_pending(std::mem::take(&mut carried));
-        ctx.set_attempts(std::mem::take(&mut attempts));
+        } else {
+            ctx.replay_from(Vec::new(), Vec::new());
+        }
         let result = match run_once(&mut ctx, wf, &record).await {
             // A phase or commit that deadlocked or timed out on a lock did nothing: replay it, a few times,
             // before treating the database as failing.
@@ -119,12 +113,7 @@ async fn drive_until_stopped<S: Store>(
                     return None;
                 }
                 tokio::time::sleep(delay).await;
-                started = ctx.take_started();
-                let (pending, unrecorded) = ctx.take_pending();
-                carried = pending;
-                insert = unrecorded.is_some();
-                attempts = ctx.into_attempts();
-                if !insert {
+                if ctx.recorded() {
                     // The body may have moved the workflow on (to compensating) before the retry.
                     match core.store.workflow(&id).await {
                         Ok(Some(now)) if now.lease_epoch == record.lease_epoch => record = now,
@@ -142,13 +131,20 @@ async fn drive_until_stopped<S: Store>(
                 return None;
             }
             Err(Interrupt::Refused(failure)) => {
-                *unrecorded = Some((ctx.take_started(), Err(Error::Refused(failure))));
+                // What refused may be this start's own late view: another start of the id recorded it first (the
+                // token this one would claim is that start's now). Then this start attaches to it.
+                let refused = match core.store.workflow(&id).await {
+                    Ok(Some(_)) => Ok(false),
+                    Ok(None) => Err(Error::Refused(failure)),
+                    Err(e) => Err(e),
+                };
+                *unrecorded = Some((ctx.take_started(), refused));
                 return None;
             }
             Err(other) => {
                 ctx.abort_phase().await;
                 let e = interrupted(other);
-                back_off(core, &record, &e, insert).await;
+                back_off(core, &record, &e, !ctx.recorded()).await;
                 *unrecorded = Some((ctx.take_started(), Err(e)));
                 return None;
             }
@@ -211,7 +207,12 @@ async fn run_once<S: Store>(
         };
         match ran {
             Ok(value) => return Ok(Outcome::Completed(value)),
-            Err(Interrupt::Failed(failure)) => {
+            // Before the first commit nothing of the workflow exists: the start is refused, nothing recorded.
+            Err(Interrupt::Refused(failure)) if !ctx.recorded() => {
+                ctx.abort_phase().await;
+                return Err(Interrupt::Refused(failure));
+            }
+            Err(Interrupt::Failed(failure) | Interrupt::Refused(failure)) => {
                 let update = WorkflowUpdate {
                     state: Some(state::COMPENSATING),
                     error: Some(failure_json(&failure)),
@@ -281,7 +282,7 @@ async fn compensate<S: Store>(
         }
     }
     ctx.set_prefix(String::new());
-    let cancelled = failure.code == crate::engine::CANCELLED_CODE;
+    let cancelled = failure.code == crate::error::CANCELLED_CODE;
     let final_state = if cancelled { state::CANCELLED } else { state::FAILED };
     ctx.commit(finish(final_state, None, Some(&failure), ctx.now_ms())).await?;
     Ok(if cancelled { Outcome::Cancelled(failure) } else { Outcome::Failed(failure) })

@@ -1,5 +1,8 @@
 //! How a step is described to the context, and what an attempt is told about the attempts before it.
 
+use std::future::Future;
+use std::pin::Pin;
+
 use serde::Serialize;
 use serde_json::Value;
 
@@ -79,3 +82,6 @@ pub struct Attempt {
     /// What the attempts before this one left behind.
     pub previous: Previous,
 }
+
+/// A boxed, sendable future: what transactional step closures return.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;

@@ -1,7 +1,6 @@
 //! Workflow types: what a caller implements, and the type-erased form the engine keeps in its registry.
 
 use std::future::Future;
-use std::pin::Pin;
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -9,6 +8,7 @@ use serde_json::Value;
 
 use crate::context::WorkflowContext;
 use crate::error::{Failure, Interrupt};
+use crate::step::BoxFuture;
 use crate::store::Store;
 
 /// A registered compensation, as handed to [`Workflow::compensate`].
@@ -55,9 +55,6 @@ pub trait Workflow<S: Store>: Send + Sync + 'static {
         async { Ok(()) }
     }
 }
-
-/// A boxed, sendable future: what transactional step closures return.
-pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// A [`Workflow`] with its types erased to JSON, as the registry keeps it.
 pub(crate) trait ErasedWorkflow<S: Store>: Send + Sync {

@@ -1,0 +1,158 @@
+//! What every run of one engine shares: the store, the clock and configuration, the workflows this process
+//! drives now (which the heartbeat extends), and the waiters of each workflow.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use tokio::sync::{OnceCell, oneshot, watch};
+use tokio_util::sync::CancellationToken;
+
+use crate::clock::Clock;
+use crate::config::EngineConfig;
+use crate::error::{Error, Result, TRANSIENT_RETRY_MS, is_transient};
+use crate::outcome::Outcome;
+use crate::store::Store;
+
+/// How a start learns whether its workflow was recorded: `Ok(true)` recorded by this start, `Ok(false)` the
+/// id was recorded by another start first.
+pub(crate) type StartSignal = oneshot::Sender<Result<bool>>;
+
+/// What a waiter hears: `Some(outcome)` from this process, `None` for "ended elsewhere, read it".
+pub(crate) type Heard = Option<Option<Arc<Outcome>>>;
+
+/// The waiters of one workflow, woken together when it ends.
+pub(crate) struct Waiters {
+    pub(crate) tx: watch::Sender<Heard>,
+    pub(crate) count: usize,
+}
+
+/// A workflow a task of this process drives now.
+pub(crate) struct Driven {
+    /// Which run drives it: only that run's end takes the workflow out of [`Core::running`] (an older run of the
+    /// same id, fenced and still unwinding when this process claimed the workflow again, must not).
+    pub(crate) run: u64,
+    /// Its input hash, which a start of the same id attaches by.
+    pub(crate) input_hash: String,
+}
+
+/// What every running workflow of one engine shares.
+pub(crate) struct Core<S: Store> {
+    pub(crate) store: S,
+    pub(crate) config: EngineConfig,
+    pub(crate) shutdown: CancellationToken,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) owner: String,
+    /// Workflows a live task of this process drives now: the only ones its heartbeat extends.
+    pub(crate) running: Mutex<HashMap<String, Driven>>,
+    /// The token of the next run (see [`Driven::run`]).
+    pub(crate) next_run: AtomicU64,
+    pub(crate) waiters: Mutex<HashMap<String, Waiters>>,
+    /// Whether this store forwards other processes' notifications (decided once, by `Store::listen`).
+    pub(crate) listener: OnceCell<bool>,
+}
+
+impl<S: Store> Core<S> {
+    /// The shared state of a new engine over `store` (its lease owner id fresh).
+    pub(crate) fn new(store: S, config: EngineConfig, clock: Arc<dyn Clock>) -> Self {
+        Self {
+            store,
+            config,
+            shutdown: CancellationToken::new(),
+            clock,
+            owner: uuid::Uuid::new_v4().to_string(),
+            running: Mutex::new(HashMap::new()),
+            next_run: AtomicU64::new(1),
+            waiters: Mutex::new(HashMap::new()),
+            listener: OnceCell::new(),
+        }
+    }
+
+    /// Extends the leases of the workflows a live task of this process drives (a run that stopped, however,
+    /// lets its lease expire, so that any process resumes it); a deadlock or lock timeout is tried again at
+    /// once, a few times (the lease would otherwise wait a whole heartbeat period closer to its end).
+    pub(crate) async fn heartbeat(&self) -> Result<u64> {
+        let ids: Vec<String> = self.running().keys().cloned().collect();
+        if ids.is_empty() {
+            return Ok(0);
+        }
+        let mut tries = 0;
+        loop {
+            let now = self.now();
+            match self.store.heartbeat(&self.owner, &ids, now + millis(self.config.lease), now).await {
+                Err(Error::Database(e)) if is_transient(&e) && tries < 3 => tries += 1,
+                done => return done,
+            }
+            tokio::time::sleep(Duration::from_millis(TRANSIENT_RETRY_MS * tries)).await;
+        }
+    }
+
+    pub(crate) fn now(&self) -> i64 {
+        self.clock.now_ms()
+    }
+
+    pub(crate) fn running(&self) -> std::sync::MutexGuard<'_, HashMap<String, Driven>> {
+        self.running.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Records that a new run drives `workflow_id` (replacing an older run's entry); returns the run's token.
+    pub(crate) fn drive_here(
+        running: &mut HashMap<String, Driven>,
+        next_run: &AtomicU64,
+        workflow_id: &str,
+        hash: &str,
+    ) -> u64 {
+        let run = next_run.fetch_add(1, Ordering::Relaxed);
+        running.insert(workflow_id.to_owned(), Driven { run, input_hash: hash.to_owned() });
+        run
+    }
+
+    /// Run `run` of `workflow_id` ended: the workflow is no longer driven here, unless a newer run drives it.
+    pub(crate) fn forget_running(&self, workflow_id: &str, run: u64) {
+        let mut running = self.running();
+        if running.get(workflow_id).is_some_and(|d| d.run == run) {
+            running.remove(workflow_id);
+        }
+    }
+
+    /// Wakes the waiters of `workflow_id` (only them).
+    pub(crate) fn announce(&self, workflow_id: &str, outcome: Option<Arc<Outcome>>) {
+        let waiters = self.waiters.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(w) = waiters.get(workflow_id) {
+            w.tx.send_replace(Some(outcome));
+        }
+    }
+
+    pub(crate) fn subscribe(self: &Arc<Self>, workflow_id: &str) -> Subscription<S> {
+        let mut waiters = self.waiters.lock().unwrap_or_else(PoisonError::into_inner);
+        let entry =
+            waiters.entry(workflow_id.to_owned()).or_insert_with(|| Waiters { tx: watch::Sender::new(None), count: 0 });
+        entry.count += 1;
+        Subscription { core: self.clone(), workflow_id: workflow_id.to_owned(), rx: entry.tx.subscribe() }
+    }
+}
+
+/// One waiter's registration; dropping it forgets the waiter.
+pub(crate) struct Subscription<S: Store> {
+    pub(crate) core: Arc<Core<S>>,
+    pub(crate) workflow_id: String,
+    pub(crate) rx: watch::Receiver<Heard>,
+}
+
+impl<S: Store> Drop for Subscription<S> {
+    fn drop(&mut self) {
+        let mut waiters = self.core.waiters.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(w) = waiters.get_mut(&self.workflow_id) {
+            w.count -= 1;
+            if w.count == 0 {
+                waiters.remove(&self.workflow_id);
+            }
+        }
+    }
+}
+
+/// `d` in milliseconds, saturating.
+pub(crate) fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX / 2)
+}

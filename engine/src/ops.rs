@@ -1,0 +1,83 @@
+//! Operator actions on workflows: reading one with its steps, listing, retrying, cancelling.
+
+use serde::Serialize;
+
+use crate::engine::Engine;
+use crate::error::{CANCELLED_CODE, Error, Failure, Result, failure_json};
+use crate::store::{CompensationRecord, Reopen, StepRecord, Store, WorkflowRecord, state};
+
+/// A workflow with its steps and compensations, for operators.
+#[derive(Debug, Clone, Serialize)]
+pub struct WorkflowView {
+    /// The workflow.
+    pub workflow: WorkflowRecord,
+    /// Its steps, in the order they started.
+    pub steps: Vec<StepRecord>,
+    /// Its registered compensations.
+    pub compensations: Vec<CompensationRecord>,
+}
+
+impl<S: Store> Engine<S> {
+    /// A workflow with its steps and compensations.
+    pub async fn workflow(&self, workflow_id: &str) -> Result<Option<WorkflowView>> {
+        let Some(workflow) = self.core.store.workflow(workflow_id).await? else {
+            return Ok(None);
+        };
+        let (steps, compensations) =
+            tokio::try_join!(self.core.store.steps(workflow_id), self.core.store.compensations(workflow_id))?;
+        Ok(Some(WorkflowView { workflow, steps, compensations }))
+    }
+
+    /// A page of workflows, newest first, optionally in one state, created before `before` (ms).
+    pub async fn list(&self, state: Option<&str>, before: Option<i64>, limit: i64) -> Result<Vec<WorkflowRecord>> {
+        self.core.store.list(state, before, limit.clamp(1, 1000)).await
+    }
+
+    /// Retries a workflow that ended badly: `compensation_failed` runs its compensations again; `failed`
+    /// with no compensation done (e.g. a step mismatch) runs forward again from the failed step.
+    pub async fn retry(&self, workflow_id: &str) -> Result<WorkflowRecord> {
+        let view = self.workflow(workflow_id).await?.ok_or_else(|| Error::NotFound(workflow_id.to_owned()))?;
+        let now = self.core.now();
+        let (from, how): (&[&str], Reopen) = match view.workflow.state.as_str() {
+            state::COMPENSATION_FAILED => (&[state::COMPENSATION_FAILED], Reopen::Compensation),
+            state::FAILED if view.compensations.iter().all(|c| c.status != "done") => {
+                (&[state::FAILED], Reopen::Forward)
+            }
+            other => {
+                return Err(Error::InvalidState {
+                    workflow_id: workflow_id.to_owned(),
+                    state: other.to_owned(),
+                    reason: "only compensation_failed workflows, or failed ones with nothing compensated, can be retried",
+                });
+            }
+        };
+        self.core.store.reopen(workflow_id, from, how, None, now).await?.ok_or_else(|| Error::InvalidState {
+            workflow_id: workflow_id.to_owned(),
+            state: "changed".to_owned(),
+            reason: "the workflow changed state meanwhile",
+        })
+    }
+
+    /// Cancels a running workflow: any current run is fenced out, the registered compensations run, and the
+    /// workflow ends `cancelled`.
+    pub async fn cancel(&self, workflow_id: &str) -> Result<WorkflowRecord> {
+        let failure = Failure::new(CANCELLED_CODE, "cancelled by an operator");
+        let now = self.core.now();
+        let reopened = self
+            .core
+            .store
+            .reopen(workflow_id, &[state::RUNNING], Reopen::Cancel, Some(failure_json(&failure)), now)
+            .await?;
+        match reopened {
+            Some(record) => Ok(record),
+            None => {
+                let state = self.core.store.workflow(workflow_id).await?.map(|w| w.state).unwrap_or_default();
+                Err(Error::InvalidState {
+                    workflow_id: workflow_id.to_owned(),
+                    state,
+                    reason: "only running workflows can be cancelled",
+                })
+            }
+        }
+    }
+}
