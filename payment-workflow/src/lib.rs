@@ -46,4 +46,4 @@ pub use saga::{PaymentInput, PaymentSaga};
 pub use service::{
     COMMAND_ROUTE, IssuedToken, PayResponse, Payments, TOKEN_TTL_MS, command_token, payment_workflow_id,
 };
-pub use store::{PaymentStore, PhaseDialect, Reserve};
+pub use store::{PaymentStore, Reserve, ReserveSteps};

@@ -145,9 +145,9 @@ impl<S: PaymentStore> Payments<S> {
     /// answers `202`. Concurrent and later repeats get the first final response; another request under the
     /// same token gets `422`.
     ///
-    /// Where the store refuses a start whose token it cannot claim (Postgres: the first phase's guard), the
-    /// payment starts at once and the token is read only when the start was refused (a repeat, a mismatch, an
-    /// unknown token or order): a fresh payment costs no read before its first commit.
+    /// The payment starts at once: its first phase refuses a start whose token it cannot claim or whose order
+    /// does not exist, recording nothing, and only then is the token read (a repeat, a mismatch, an unknown
+    /// token or order). A fresh payment costs no read before its first commit.
     pub async fn pay(
         &self,
         tenant: &str,
@@ -160,17 +160,15 @@ impl<S: PaymentStore> Payments<S> {
             return Ok(PayResponse::problem(400, "invalid_request", "Invalid request", &message));
         }
         let input = payment_input(tenant, token, route, request);
-        if S::STATEMENT_PHASES.is_some() {
-            match self.run(&input, wait, false).await {
-                // Refused (nothing was recorded), attached to a run that was, or the token's workflow runs another
-                // request (perhaps another tenant's: only the token says whose): decide from the token.
-                Err(
-                    onceflow_engine::Error::Refused(_)
-                    | onceflow_engine::Error::NotFound(_)
-                    | onceflow_engine::Error::Conflict { .. },
-                ) => {}
-                other => return Ok(other?),
-            }
+        match self.run(&input, wait, false).await {
+            // Refused (nothing was recorded), attached to a run that was, or the token's workflow runs another
+            // request (perhaps another tenant's: only the token says whose): decide from the token.
+            Err(
+                onceflow_engine::Error::Refused(_)
+                | onceflow_engine::Error::NotFound(_)
+                | onceflow_engine::Error::Conflict { .. },
+            ) => {}
+            other => return Ok(other?),
         }
         let Some((stored, order_exists)) = self.store().token_and_order(token, tenant, &request.order_no).await? else {
             return Ok(not_found());

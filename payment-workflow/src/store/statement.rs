@@ -1,16 +1,58 @@
-//! The saga's two atomic phases as statement phases: each is sent with its commit as one call (Postgres: one
-//! statement of data-modifying CTEs; SQLite: one multi-statement call to the writer), so a payment's phase costs
-//! one round trip instead of a transaction of four to six. The outputs are the JSON the closure steps store
-//! (`true`, `"Reserved"`, the stored response), so a workflow's step rows read the same on every backend.
+//! The saga's two atomic phases as statement phases, on the backends that have them (Postgres, SQLite): each is
+//! sent with its commit as one call (Postgres: one statement of data-modifying CTEs; SQLite: one multi-statement
+//! call to the writer), so a payment's phase costs one round trip instead of a transaction of four to six. The
+//! outputs are the JSON MySQL's closure steps store (`true`, `"Reserved"`, the stored response), so a
+//! workflow's step rows read the same on every backend.
 
-use onceflow_engine::{Failure, PhaseStep, SQLITE_PHASE_FLAGS, SqlArg, StatementPhase, StepSpec};
+use onceflow_engine::{
+    Failure, Interrupt, PhaseStep, SQLITE_PHASE_FLAGS, SqlArg, StatementPhase, Store, WorkflowContext,
+};
 
+use super::{Reserve, ReserveSteps};
 use crate::model::StoredResponse;
 use crate::saga::PaymentInput;
 
+/// Runs phase 1 (see [`super::PaymentStore::reserve`]) as one statement phase in dialect `d`.
+pub(super) async fn run_reserve<S: Store>(
+    ctx: &mut WorkflowContext<S>,
+    d: PhaseDialect,
+    i: &PaymentInput,
+    now: i64,
+    steps: ReserveSteps,
+    refused: Failure,
+) -> Result<Option<Reserve>, Interrupt> {
+    // Outputs: claimed (always, past the guard), inserted, the reservation (once inserted), the intent.
+    let outputs = ctx.statement_phase(reserve(d, i, now, steps, refused)).await?;
+    let inserted: bool = decode(outputs.get(1))?;
+    if inserted { Ok(Some(decode(outputs.get(2))?)) } else { Ok(None) }
+}
+
+/// Runs phase 2 (see [`super::PaymentStore::confirm`]) in dialect `d`, written by the commit that completes
+/// the workflow: one statement for the channel's outcome, `confirm`, and the workflow's end.
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn run_confirm<S: Store>(
+    ctx: &mut WorkflowContext<S>,
+    d: PhaseDialect,
+    i: &PaymentInput,
+    now: i64,
+    spec: onceflow_engine::StepSpec,
+    charge_id: &str,
+    response: StoredResponse,
+    not_paying: Failure,
+) -> Result<StoredResponse, Interrupt> {
+    let phase = confirm(d, i, now, spec, charge_id, &response, not_paying);
+    ctx.finish_with(phase, response).await
+}
+
+/// A statement phase step's output as its type.
+fn decode<T: serde::de::DeserializeOwned>(output: Option<&Option<serde_json::Value>>) -> Result<T, Interrupt> {
+    let value = output.and_then(Option::as_ref).unwrap_or(&serde_json::Value::Null);
+    T::deserialize(value).map_err(|e| Interrupt::Engine(e.into()))
+}
+
 /// The SQL dialect of a store's statement phases.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PhaseDialect {
+pub(super) enum PhaseDialect {
     /// One statement: each write a data-modifying CTE.
     Postgres,
     /// Statements in order inside the commit's transaction, each write followed by a flag of whether it wrote.
@@ -41,13 +83,8 @@ impl PhaseDialect {
 /// `claim_token`, `insert_record` (only once the token is claimed), `reserve_status` (only once the record
 /// is inserted) and, once the order is reserved, the intent of the channel call `charge`. Unless the token is
 /// claimed and the order exists nothing is written and `claim_token` fails with `not_claimed`.
-pub(crate) fn reserve(
-    d: PhaseDialect,
-    i: &PaymentInput,
-    now: i64,
-    [claim, insert, reserve, charge]: [StepSpec; 4],
-    not_claimed: Failure,
-) -> StatementPhase {
+fn reserve(d: PhaseDialect, i: &PaymentInput, now: i64, steps: ReserveSteps, not_claimed: Failure) -> StatementPhase {
+    let ReserveSteps { claim, insert, reserve, charge } = steps;
     let (claimed, inserted, reserved) = (d.wrote("p_token"), d.wrote("p_record"), d.wrote("p_order"));
     let mut parts = d.write(
         "p_token",
@@ -107,11 +144,11 @@ pub(crate) fn reserve(
 /// 201 `response`, which is also the step's output. Unless the order was `paying` under this payment's
 /// reservation (and its record and token still in flight) nothing is written and the step fails with
 /// `not_paying`.
-pub(crate) fn confirm(
+fn confirm(
     d: PhaseDialect,
     i: &PaymentInput,
     now: i64,
-    spec: StepSpec,
+    spec: onceflow_engine::StepSpec,
     charge_id: &str,
     response: &StoredResponse,
     not_paying: Failure,

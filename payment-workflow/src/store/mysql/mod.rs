@@ -1,10 +1,14 @@
-//! The payment tables' queries on MySQL / MariaDB: `?` parameters, bound in the order they appear, and a
-//! duplicate key read as "exists" (MySQL rolls back only the failed statement, the step's transaction goes on).
+//! The payment tables on MySQL / MariaDB: `?` parameters, bound in the order they appear, and a duplicate key
+//! read as "exists" (MySQL rolls back only the failed statement, the step's transaction goes on). The saga's
+//! phases run as closure steps in one transaction (`steps.rs`); here, the queries outside steps.
 
-use onceflow_engine::{Conn, MySqlStore, Store};
+use onceflow_engine::{Conn, Failure, Interrupt, MySqlStore, StepSpec, Store, WorkflowContext};
 
-use super::{PaymentStore, Reserve, Sql, TokenCheck};
-use crate::model::{Order, PaymentRecord, TokenRecord};
+use super::{PaymentStore, Reserve, ReserveSteps, Sql, TokenCheck};
+use crate::model::{Order, PaymentRecord, StoredResponse, TokenRecord};
+use crate::saga::PaymentInput;
+
+mod steps;
 
 /// `Ok(false)` for a duplicate key, `Ok(true)` for an insert.
 fn inserted(result: Result<sqlx::mysql::MySqlQueryResult, sqlx::Error>) -> Result<bool, sqlx::Error> {
@@ -16,87 +20,26 @@ fn inserted(result: Result<sqlx::mysql::MySqlQueryResult, sqlx::Error>) -> Resul
 }
 
 impl PaymentStore for MySqlStore {
-    fn claim_token<'c>(
-        conn: &'c mut Conn<Self>,
-        token: String,
-        tenant: String,
-        fingerprint: String,
-        route: String,
+    async fn reserve(
+        ctx: &mut WorkflowContext<Self>,
+        input: &PaymentInput,
         now: i64,
-    ) -> Sql<'c, bool> {
-        Box::pin(async move {
-            let done = sqlx::query(
-                "UPDATE idempotency_tokens SET state = 'in_use', fingerprint = ?, route = ?, updated_at = ? \
-                 WHERE token = ? AND tenant = ? AND state = 'issued' AND expires_at > ?",
-            )
-            .bind(fingerprint)
-            .bind(route)
-            .bind(now)
-            .bind(token)
-            .bind(tenant)
-            .bind(now)
-            .execute(conn)
-            .await?;
-            Ok(done.rows_affected() == 1)
-        })
+        steps: ReserveSteps,
+        refused: Failure,
+    ) -> Result<Option<Reserve>, Interrupt> {
+        steps::reserve(ctx, input, now, steps, refused).await
     }
 
-    fn insert_payment<'c>(conn: &'c mut Conn<Self>, p: PaymentRecord) -> Sql<'c, bool> {
-        Box::pin(async move {
-            let done = sqlx::query(
-                "INSERT INTO payments (tenant, request_no, order_no, amount, currency, status, token, charge_id, \
-                 decline_code, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            )
-            .bind(p.tenant)
-            .bind(p.request_no)
-            .bind(p.order_no)
-            .bind(p.amount)
-            .bind(p.currency)
-            .bind(p.status)
-            .bind(p.token)
-            .bind(p.charge_id)
-            .bind(p.decline_code)
-            .bind(p.created_at)
-            .bind(p.updated_at)
-            .execute(conn)
-            .await;
-            Ok(inserted(done)?)
-        })
-    }
-
-    fn reserve_order<'c>(
-        conn: &'c mut Conn<Self>,
-        tenant: String,
-        order_no: String,
-        amount: i64,
-        currency: String,
-        request_no: String,
+    async fn confirm(
+        ctx: &mut WorkflowContext<Self>,
+        input: &PaymentInput,
         now: i64,
-    ) -> Sql<'c, Reserve> {
-        Box::pin(async move {
-            let done = sqlx::query(
-                "UPDATE orders SET status = 'paying', version = version + 1, reserved_by = ?, updated_at = ? \
-                 WHERE tenant = ? AND order_no = ? AND status = 'pending' AND amount = ? AND currency = ?",
-            )
-            .bind(request_no)
-            .bind(now)
-            .bind(&tenant)
-            .bind(&order_no)
-            .bind(amount)
-            .bind(&currency)
-            .execute(&mut *conn)
-            .await?;
-            if done.rows_affected() == 1 {
-                return Ok(Reserve::Reserved);
-            }
-            let found: Option<(i64, String)> =
-                sqlx::query_as("SELECT amount, currency FROM orders WHERE tenant = ? AND order_no = ?")
-                    .bind(&tenant)
-                    .bind(&order_no)
-                    .fetch_optional(&mut *conn)
-                    .await?;
-            Ok(Reserve::refused(found, amount, &currency))
-        })
+        spec: StepSpec,
+        charge_id: String,
+        response: StoredResponse,
+        not_paying: Failure,
+    ) -> Result<StoredResponse, Interrupt> {
+        steps::confirm(ctx, input, now, spec, charge_id, response, not_paying).await
     }
 
     fn move_order<'c>(
@@ -107,49 +50,19 @@ impl PaymentStore for MySqlStore {
         to: &'static str,
         now: i64,
     ) -> Sql<'c, bool> {
-        Box::pin(async move {
-            let done = sqlx::query(
-                "UPDATE orders SET status = ?, version = version + 1, updated_at = ? \
-                 WHERE tenant = ? AND order_no = ? AND status = 'paying' AND reserved_by = ?",
-            )
-            .bind(to)
-            .bind(now)
-            .bind(tenant)
-            .bind(order_no)
-            .bind(request_no)
-            .execute(conn)
-            .await?;
-            Ok(done.rows_affected() == 1)
-        })
+        Box::pin(steps::move_order(conn, tenant, order_no, request_no, to, now))
     }
 
-    fn set_payment_status<'c>(
+    fn fail_payment<'c>(
         conn: &'c mut Conn<Self>,
         tenant: String,
         request_no: String,
         token: String,
         status: &'static str,
-        charge_id: Option<String>,
         decline_code: Option<String>,
         now: i64,
     ) -> Sql<'c, ()> {
-        Box::pin(async move {
-            sqlx::query(
-                "UPDATE payments SET status = ?, charge_id = COALESCE(?, charge_id), \
-                 decline_code = COALESCE(?, decline_code), updated_at = ? \
-                 WHERE tenant = ? AND request_no = ? AND token = ? AND status = 'processing'",
-            )
-            .bind(status)
-            .bind(charge_id)
-            .bind(decline_code)
-            .bind(now)
-            .bind(tenant)
-            .bind(request_no)
-            .bind(token)
-            .execute(conn)
-            .await?;
-            Ok(())
-        })
+        Box::pin(steps::set_payment_status(conn, tenant, request_no, token, status, None, decline_code, now))
     }
 
     fn complete_token<'c>(
@@ -159,19 +72,7 @@ impl PaymentStore for MySqlStore {
         body: String,
         now: i64,
     ) -> Sql<'c, ()> {
-        Box::pin(async move {
-            sqlx::query(
-                "UPDATE idempotency_tokens SET state = 'completed', response_status = ?, response_body = ?, \
-                 updated_at = ? WHERE token = ? AND state = 'in_use'",
-            )
-            .bind(response_status)
-            .bind(body)
-            .bind(now)
-            .bind(token)
-            .execute(conn)
-            .await?;
-            Ok(())
-        })
+        Box::pin(steps::complete_token(conn, token, response_status, body, now))
     }
 
     async fn insert_order(&self, o: &Order) -> Result<bool, sqlx::Error> {
@@ -260,7 +161,7 @@ impl PaymentStore for MySqlStore {
         token: &str,
         fingerprint: &str,
         route: &str,
-        response: &crate::model::StoredResponse,
+        response: &StoredResponse,
         now: i64,
     ) -> Result<bool, sqlx::Error> {
         let done = sqlx::query(

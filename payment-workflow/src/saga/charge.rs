@@ -1,0 +1,186 @@
+//! Step 4, the channel call, and its compensation: one attempt of the charge (after an attempt that may have
+//! charged, a query by the same number first), what each answer means for this payment, and how a charge's
+//! number is undone (closed first, then refunded under a stable refund number).
+
+use onceflow_engine::{Attempt, Failure, Interrupt, Previous, StepError};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use super::failure_with_response;
+use crate::channel::{Channel, ChannelError, Charge, ChargeRequest, ChargeStatus, Closed, RefundRequest, RefundStatus};
+use crate::model::problem;
+use crate::saga::PaymentInput;
+
+/// What the channel step ended with (a decline is an answer, not an error of the step).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(super) enum ChargeOutcome {
+    Charged {
+        charge_id: String,
+    },
+    Declined {
+        decline_code: Option<String>,
+    },
+    /// A refusal (`4xx`) of this attempt's request: it charged nothing. The channel's answer is kept here, for
+    /// operators. `after_unknown`: an earlier attempt's request may still be in flight (a refusal speaks only
+    /// for its own request), so the number must still be closed before anything is undone.
+    Refused {
+        status: u16,
+        body: String,
+        #[serde(default)]
+        after_unknown: bool,
+    },
+    /// The channel holds a charge under this number that is not this payment's (another merchant's, or other
+    /// fields): someone else's, never success for this payment, never refunded by it.
+    NotOurs,
+}
+
+impl ChargeOutcome {
+    /// The charge id of a payment the channel charged; otherwise the workflow's failure, carrying the client's
+    /// answer (a decline, a refusal, a number that is another payment's).
+    pub(super) fn charge_id(self, i: &PaymentInput) -> Result<String, Interrupt> {
+        let failure = match self {
+            Self::Charged { charge_id } => return Ok(charge_id),
+            Self::Declined { decline_code } => {
+                let code = decline_code.unwrap_or_else(|| "declined".to_owned());
+                let detail = "the channel declined the payment";
+                let mut body: serde_json::Value =
+                    serde_json::from_str(&problem(402, "payment_declined", "Payment declined", detail))
+                        .unwrap_or_default();
+                body["decline_code"] = json!(code);
+                Failure::new("payment_declined", detail)
+                    .with_details(json!({ "status": 402, "body": body.to_string(), "decline_code": code }))
+            }
+            Self::Refused { status, body, .. } => {
+                // The channel's answer stays in the step's output and the log, never in the client's problem.
+                tracing::warn!(request_no = %i.request_no, status, %body, "the channel refused the charge");
+                let detail = "the payment channel refused the charge; nothing was charged";
+                failure_with_response(422, "channel_refused", "Refused by the channel", detail)
+            }
+            Self::NotOurs => {
+                tracing::warn!(request_no = %i.request_no, "the channel holds another payment's charge under this number");
+                let detail = format!("request_no {} is already used by another payment", i.request_no);
+                failure_with_response(409, "request_no_conflict", "Request number in use", &detail)
+            }
+        };
+        Err(Interrupt::Failed(failure))
+    }
+}
+
+/// What a charge the channel answered with means for the payment that asked for `request`.
+fn settle(charge: Charge, request: &ChargeRequest) -> Result<ChargeOutcome, StepError> {
+    if !charge.matches(request) {
+        return Ok(ChargeOutcome::NotOurs);
+    }
+    match charge.status {
+        ChargeStatus::Succeeded => Ok(ChargeOutcome::Charged { charge_id: charge.charge_id }),
+        ChargeStatus::Declined => Ok(ChargeOutcome::Declined { decline_code: charge.decline_code }),
+        ChargeStatus::Processing => Err(StepError::UnknownOutcome("the charge is processing".into())),
+    }
+}
+
+/// Counts a channel call by what came of it, for `/metrics`.
+fn count_call(outcome: &Result<ChargeOutcome, StepError>) {
+    let label = match outcome {
+        Ok(ChargeOutcome::Charged { .. }) => "succeeded",
+        Ok(ChargeOutcome::Declined { .. }) => "declined",
+        Ok(ChargeOutcome::Refused { .. }) => "refused",
+        Ok(ChargeOutcome::NotOurs) => "not_ours",
+        Err(StepError::UnknownOutcome(m)) if m.contains("processing") => "processing",
+        Err(_) => "unknown",
+    };
+    metrics::counter!("onceflow_channel_calls_total", "outcome" => label).increment(1);
+}
+
+/// One attempt of the channel call, counted.
+pub(super) async fn charge(
+    channel: &dyn Channel,
+    request: &ChargeRequest,
+    attempt: Attempt,
+) -> Result<ChargeOutcome, StepError> {
+    let outcome = charge_attempt(channel, request, attempt).await;
+    count_call(&outcome);
+    outcome
+}
+
+/// One attempt of the channel call. After an attempt that may have charged, the charge is looked up by the
+/// same number first; the channel also deduplicates a repeated charge request. Every charge the channel
+/// answers with is checked against this payment: one that does not match is someone else's.
+async fn charge_attempt(
+    channel: &dyn Channel,
+    request: &ChargeRequest,
+    attempt: Attempt,
+) -> Result<ChargeOutcome, StepError> {
+    if attempt.previous != Previous::None {
+        match channel.query(&request.merchant_id, &request.merchant_request_no).await {
+            Ok(Some(found)) => return settle(found, request),
+            Ok(None) => {}
+            Err(e) => return Err(StepError::UnknownOutcome(e.to_string())),
+        }
+    }
+    match channel.charge(request).await {
+        Ok(charge) => settle(charge, request),
+        Err(ChannelError::Refused { status, body }) => {
+            Ok(ChargeOutcome::Refused { status, body, after_unknown: attempt.previous != Previous::None })
+        }
+        Err(e) => Err(StepError::UnknownOutcome(e.to_string())),
+    }
+}
+
+/// How a charge's number was undone at the channel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub(super) enum Undone {
+    /// Closed before any charge was accepted: none ever will be.
+    Closed,
+    /// This payment's charge was refunded.
+    Refunded,
+    /// The charge under the number settled without taking money (declined).
+    NothingTaken,
+    /// The charge under the number is not this payment's: left alone.
+    NotOurs,
+}
+
+/// Undoes whatever this payment's number did at the channel: closes the number first (so that a charge still
+/// in flight can no longer land), then refunds this payment's charge if one exists, under a stable refund
+/// number, once a `processing` one has settled. `charged`: the charge step already saw this payment's charge
+/// succeed, so there is nothing to close and it is refunded at once.
+pub(super) async fn undo_charge(channel: &dyn Channel, i: &PaymentInput, charged: bool) -> Result<Undone, StepError> {
+    let request = i.charge_request();
+    let unknown = |e: ChannelError| StepError::UnknownOutcome(e.to_string());
+    if !charged {
+        let charge = match channel.close(&request.merchant_id, &request.merchant_request_no).await {
+            Ok(Closed::Closed) => return Ok(Undone::Closed),
+            Ok(Closed::Charged(charge)) => charge,
+            // Not an answer to wait out: an operator must look (the workflow ends compensation_failed).
+            Err(ChannelError::Refused { status, body }) => {
+                tracing::warn!(request_no = %i.request_no, status, %body, "the channel refused to close the number");
+                return Err(StepError::terminal("close_refused", "the channel refused to close the charge's number"));
+            }
+            Err(e) => return Err(unknown(e)),
+        };
+        if !charge.matches(&request) {
+            tracing::warn!(request_no = %i.request_no, "the charge under this number is another payment's: not refunded");
+            return Ok(Undone::NotOurs);
+        }
+        match charge.status {
+            ChargeStatus::Declined => return Ok(Undone::NothingTaken),
+            ChargeStatus::Processing => return Err(StepError::UnknownOutcome("the charge is processing".into())),
+            ChargeStatus::Succeeded => {}
+        }
+    }
+    let refund = RefundRequest {
+        merchant_id: request.merchant_id.clone(),
+        merchant_refund_no: i.refund_no(),
+        merchant_request_no: request.merchant_request_no.clone(),
+        amount: i.amount,
+    };
+    match channel.refund(&refund).await {
+        Ok(r) if r.status == RefundStatus::Succeeded => Ok(Undone::Refunded),
+        Ok(r) if r.status == RefundStatus::Processing => Err(StepError::UnknownOutcome("refund processing".into())),
+        Ok(_) => Err(StepError::terminal("refund_failed", "the channel refused the refund")),
+        Err(ChannelError::Refused { status, body }) => {
+            tracing::warn!(request_no = %i.request_no, status, %body, "the channel refused the refund");
+            Err(StepError::terminal("refund_refused", "the channel refused the refund"))
+        }
+        Err(e) => Err(unknown(e)),
+    }
+}

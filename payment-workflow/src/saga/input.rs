@@ -1,0 +1,61 @@
+//! What a payment workflow is started with, and what follows from it alone: the body of its success, its
+//! charge request, its refund number.
+
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use crate::channel::ChargeRequest;
+
+/// What a payment workflow is started with: the request, resolved and bound to its token.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PaymentInput {
+    /// Owner.
+    pub tenant: String,
+    /// The idempotency token.
+    pub token: String,
+    /// The route the token is used on.
+    pub route: String,
+    /// SHA-256 of the canonical request fields.
+    pub fingerprint: String,
+    /// The order.
+    pub order_no: String,
+    /// Minor units.
+    pub amount: i64,
+    /// ISO 4217.
+    pub currency: String,
+    /// The payment's number: given by the client or derived from the token; never replaced.
+    pub request_no: String,
+}
+
+impl PaymentInput {
+    /// The body of a succeeded payment (`201`), and of `GET /v1/payments/{request_no}` once paid.
+    pub(crate) fn payment_body(&self, status: &str, charge_id: Option<&str>) -> String {
+        let mut body = json!({
+            "request_no": self.request_no,
+            "order_no": self.order_no,
+            "amount": self.amount,
+            "currency": self.currency,
+            "status": status,
+        });
+        if let Some(id) = charge_id {
+            body["charge_id"] = json!(id);
+        }
+        body.to_string()
+    }
+
+    pub(crate) fn refund_no(&self) -> String {
+        format!("{}-refund", self.request_no)
+    }
+
+    /// The charge this payment asks the channel for: as the tenant's merchant (its merchant id is the tenant's
+    /// name), under the payment's own number.
+    pub(crate) fn charge_request(&self) -> ChargeRequest {
+        ChargeRequest {
+            merchant_id: self.tenant.clone(),
+            merchant_request_no: self.request_no.clone(),
+            order_no: self.order_no.clone(),
+            amount: self.amount,
+            currency: self.currency.clone(),
+        }
+    }
+}

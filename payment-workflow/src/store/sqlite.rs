@@ -1,0 +1,232 @@
+//! The payment tables on SQLite: the saga's two phases as statement phases in its dialect (see
+//! `statement.rs`), and its queries (`$n` parameters).
+
+use onceflow_engine::{Conn, Failure, Interrupt, SqliteStore, StepSpec, Store, WorkflowContext};
+
+use super::statement::{self, PhaseDialect};
+use super::{PaymentStore, Reserve, ReserveSteps, Sql, TokenCheck, engine_error};
+use crate::model::{Order, PaymentRecord, StoredResponse, TokenRecord};
+use crate::saga::PaymentInput;
+
+impl PaymentStore for SqliteStore {
+    async fn reserve(
+        ctx: &mut WorkflowContext<Self>,
+        input: &PaymentInput,
+        now: i64,
+        steps: ReserveSteps,
+        refused: Failure,
+    ) -> Result<Option<Reserve>, Interrupt> {
+        statement::run_reserve(ctx, PhaseDialect::Sqlite, input, now, steps, refused).await
+    }
+
+    async fn confirm(
+        ctx: &mut WorkflowContext<Self>,
+        input: &PaymentInput,
+        now: i64,
+        spec: StepSpec,
+        charge_id: String,
+        response: StoredResponse,
+        not_paying: Failure,
+    ) -> Result<StoredResponse, Interrupt> {
+        statement::run_confirm(ctx, PhaseDialect::Sqlite, input, now, spec, &charge_id, response, not_paying).await
+    }
+
+    fn move_order<'c>(
+        conn: &'c mut Conn<Self>,
+        tenant: String,
+        order_no: String,
+        request_no: String,
+        to: &'static str,
+        now: i64,
+    ) -> Sql<'c, bool> {
+        Box::pin(async move {
+            let done = sqlx::query(
+                "UPDATE orders SET status = $4, version = version + 1, updated_at = $5 \
+                 WHERE tenant = $1 AND order_no = $2 AND status = 'paying' AND reserved_by = $3",
+            )
+            .bind(tenant)
+            .bind(order_no)
+            .bind(request_no)
+            .bind(to)
+            .bind(now)
+            .execute(conn)
+            .await?;
+            Ok(done.rows_affected() == 1)
+        })
+    }
+
+    fn fail_payment<'c>(
+        conn: &'c mut Conn<Self>,
+        tenant: String,
+        request_no: String,
+        token: String,
+        status: &'static str,
+        decline_code: Option<String>,
+        now: i64,
+    ) -> Sql<'c, ()> {
+        Box::pin(async move {
+            sqlx::query(
+                "UPDATE payments SET status = $3, decline_code = COALESCE($4, decline_code), updated_at = $5 \
+                 WHERE tenant = $1 AND request_no = $2 AND token = $6 AND status = 'processing'",
+            )
+            .bind(tenant)
+            .bind(request_no)
+            .bind(status)
+            .bind(decline_code)
+            .bind(now)
+            .bind(token)
+            .execute(conn)
+            .await?;
+            Ok(())
+        })
+    }
+
+    fn complete_token<'c>(
+        conn: &'c mut Conn<Self>,
+        token: String,
+        response_status: i32,
+        body: String,
+        now: i64,
+    ) -> Sql<'c, ()> {
+        Box::pin(async move {
+            sqlx::query(
+                "UPDATE idempotency_tokens SET state = 'completed', response_status = $2, response_body = $3, \
+                 updated_at = $4 WHERE token = $1 AND state = 'in_use'",
+            )
+            .bind(token)
+            .bind(response_status)
+            .bind(body)
+            .bind(now)
+            .execute(conn)
+            .await?;
+            Ok(())
+        })
+    }
+
+    async fn insert_order(&self, o: &Order) -> Result<bool, sqlx::Error> {
+        let q = sqlx::query(
+            "INSERT INTO orders (tenant, order_no, amount, currency, status, version, created_at, updated_at) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (tenant, order_no) DO NOTHING",
+        )
+        .bind(&o.tenant)
+        .bind(&o.order_no)
+        .bind(o.amount)
+        .bind(&o.currency)
+        .bind(&o.status)
+        .bind(o.version)
+        .bind(o.created_at)
+        .bind(o.updated_at);
+        let mut w = self.writer().await.map_err(engine_error)?;
+        let done = q.execute(&mut *w).await;
+        Ok(w.check(done)?.rows_affected() == 1)
+    }
+
+    async fn order(&self, tenant: &str, order_no: &str) -> Result<Option<Order>, sqlx::Error> {
+        sqlx::query_as("SELECT * FROM orders WHERE tenant = $1 AND order_no = $2")
+            .bind(tenant)
+            .bind(order_no)
+            .fetch_optional(self.pool())
+            .await
+    }
+
+    async fn insert_token(&self, t: &TokenRecord) -> Result<(), sqlx::Error> {
+        let q = sqlx::query(
+            "INSERT INTO idempotency_tokens (token, tenant, state, fingerprint, route, response_status, \
+             response_body, created_at, expires_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+        )
+        .bind(&t.token)
+        .bind(&t.tenant)
+        .bind(&t.state)
+        .bind(&t.fingerprint)
+        .bind(&t.route)
+        .bind(t.response_status)
+        .bind(&t.response_body)
+        .bind(t.created_at)
+        .bind(t.expires_at)
+        .bind(t.updated_at);
+        let mut w = self.writer().await.map_err(engine_error)?;
+        let done = q.execute(&mut *w).await;
+        w.check(done)?;
+        Ok(())
+    }
+
+    async fn ensure_token(&self, t: &TokenRecord) -> Result<(), sqlx::Error> {
+        let q = sqlx::query(
+            "INSERT INTO idempotency_tokens (token, tenant, state, fingerprint, route, response_status, \
+             response_body, created_at, expires_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) \
+             ON CONFLICT (token) DO UPDATE SET expires_at = excluded.expires_at, updated_at = excluded.updated_at \
+             WHERE idempotency_tokens.state = 'issued' AND idempotency_tokens.expires_at <= excluded.created_at",
+        )
+        .bind(&t.token)
+        .bind(&t.tenant)
+        .bind(&t.state)
+        .bind(&t.fingerprint)
+        .bind(&t.route)
+        .bind(t.response_status)
+        .bind(&t.response_body)
+        .bind(t.created_at)
+        .bind(t.expires_at)
+        .bind(t.updated_at);
+        let mut w = self.writer().await.map_err(engine_error)?;
+        let done = q.execute(&mut *w).await;
+        w.check(done)?;
+        Ok(())
+    }
+
+    async fn settle_unused_token(
+        &self,
+        token: &str,
+        fingerprint: &str,
+        route: &str,
+        response: &StoredResponse,
+        now: i64,
+    ) -> Result<bool, sqlx::Error> {
+        let q = sqlx::query(
+            "UPDATE idempotency_tokens SET state = 'completed', fingerprint = $2, route = $3, \
+             response_status = $4, response_body = $5, updated_at = $6 WHERE token = $1 AND state = 'issued'",
+        )
+        .bind(token)
+        .bind(fingerprint)
+        .bind(route)
+        .bind(i32::from(response.status))
+        .bind(&response.body)
+        .bind(now);
+        let mut w = self.writer().await.map_err(engine_error)?;
+        let done = q.execute(&mut *w).await;
+        Ok(w.check(done)?.rows_affected() == 1)
+    }
+
+    async fn token_and_order(
+        &self,
+        token: &str,
+        tenant: &str,
+        order_no: &str,
+    ) -> Result<Option<(TokenRecord, bool)>, sqlx::Error> {
+        let found: Option<TokenCheck> = sqlx::query_as(
+            "SELECT t.*, EXISTS (SELECT 1 FROM orders o WHERE o.tenant = $2 AND o.order_no = $3) AS order_exists \
+             FROM idempotency_tokens t WHERE t.token = $1",
+        )
+        .bind(token)
+        .bind(tenant)
+        .bind(order_no)
+        .fetch_optional(self.pool())
+        .await?;
+        Ok(found.map(|f| (f.token, f.order_exists)))
+    }
+
+    async fn payment(&self, tenant: &str, request_no: &str) -> Result<Option<PaymentRecord>, sqlx::Error> {
+        sqlx::query_as("SELECT * FROM payments WHERE tenant = $1 AND request_no = $2")
+            .bind(tenant)
+            .bind(request_no)
+            .fetch_optional(self.pool())
+            .await
+    }
+
+    async fn all_orders(&self) -> Result<Vec<Order>, sqlx::Error> {
+        sqlx::query_as("SELECT * FROM orders ORDER BY tenant, order_no").fetch_all(self.pool()).await
+    }
+
+    async fn all_payments(&self) -> Result<Vec<PaymentRecord>, sqlx::Error> {
+        sqlx::query_as("SELECT * FROM payments ORDER BY tenant, request_no").fetch_all(self.pool()).await
+    }
+}
