@@ -9,7 +9,7 @@ use onceflow_engine::{
     Engine, EngineConfig, Error, Interrupt, ManualClock, Outcome, Previous, RetryPolicy, StepError, Store, Workflow,
     WorkflowContext, state, step, step_status,
 };
-use onceflow_tests::{Hooks, Steps, StepsInput, TestDb, on_every_backend};
+use onceflow_tests::{Hooks, Steps, StepsInput, TestDb, effect_step, on_every_backend};
 
 const LEASE_MS: i64 = 10_000;
 const WAIT: Duration = Duration::from_secs(20);
@@ -22,6 +22,7 @@ fn engine<S: TestDb>(store: S, clock: &ManualClock, hooks: &Arc<Hooks>) -> Engin
     Engine::builder(store)
         .register(Steps { hooks: hooks.clone() })
         .register(Flaky)
+        .register(Refusing)
         .clock(clock.clone())
         .config(EngineConfig { lease: Duration::from_millis(LEASE_MS as u64), ..EngineConfig::default() })
         .build()
@@ -258,6 +259,43 @@ async fn long_waits_are_persisted<S: TestDb>(store: S) {
     assert_eq!(engine.wait("flaky", WAIT).await.unwrap(), Some(Outcome::Completed(serde_json::json!(2))));
 }
 
+/// A body that refuses itself after a transactional step, before its first commit or (`after_commit`) after an
+/// external step committed its intent.
+struct Refusing;
+
+impl<S: TestDb> Workflow<S> for Refusing {
+    const NAME: &'static str = "refusing";
+    type Input = bool;
+    type Output = ();
+
+    async fn run(&self, ctx: &mut WorkflowContext<S>, after_commit: bool) -> Result<(), Interrupt> {
+        let id = ctx.workflow_id().to_owned();
+        if after_commit {
+            ctx.external("call", |_| async { Ok(()) }).await?;
+        }
+        ctx.transactional(step("write").compensate_with("undo", ()), effect_step::<S>(id, "written")).await?;
+        Err(Interrupt::Refused(onceflow_engine::Failure::new("refused", "not today")))
+    }
+}
+
+/// Before the first commit a refusal records nothing: the start is refused and the phase's writes roll back.
+/// After it, a refusal fails the workflow like any terminal failure.
+async fn a_refusal_before_the_first_commit_records_nothing<S: TestDb>(store: S) {
+    let (clock, hooks) = (clock(), Arc::new(Hooks::default()));
+    let engine = engine(store.clone(), &clock, &hooks);
+    match engine.start::<Refusing>("refused", &false).await {
+        Err(Error::Refused(f)) => assert_eq!(f.code, "refused"),
+        other => panic!("expected a refused start, got {:?}", other.map(|h| h.workflow_id().to_owned())),
+    }
+    assert_eq!(store.workflow("refused").await.unwrap(), None, "nothing of the workflow is recorded");
+    assert!(store.effects("refused").await.unwrap().is_empty(), "the phase's write rolled back");
+
+    let handle = engine.start::<Refusing>("recorded", &true).await.unwrap();
+    let outcome = handle.wait(WAIT).await.unwrap().expect("finished");
+    assert!(matches!(&outcome, Outcome::Failed(f) if f.code == "refused"), "{outcome:?}");
+    assert_eq!(store.workflow("recorded").await.unwrap().unwrap().state, state::FAILED);
+}
+
 /// A new version of `steps` whose first step became an external call: its history no longer matches.
 struct StepsChanged;
 
@@ -314,6 +352,7 @@ on_every_backend!(
     cancel_fences_the_runner_and_compensates,
     long_waits_are_persisted,
     a_changed_step_is_a_mismatch_not_a_replay,
+    a_refusal_before_the_first_commit_records_nothing,
 );
 
 /// A waiter in another process hears of the end through Postgres `NOTIFY`, not by polling: its poll interval
