@@ -192,6 +192,37 @@ pub struct StoredResponse {
     pub body: String,
 }
 
+/// The body of a payment as every answer shows it (`201`, `202`, a replay): its number, order, amount, currency,
+/// status and, once charged, the channel's charge id.
+pub(crate) fn payment_body(
+    request_no: &str,
+    order_no: &str,
+    amount: i64,
+    currency: &str,
+    status: &str,
+    charge_id: Option<&str>,
+) -> String {
+    let mut body = serde_json::json!({
+        "request_no": request_no,
+        "order_no": order_no,
+        "amount": amount,
+        "currency": currency,
+        "status": status,
+    });
+    if let Some(id) = charge_id {
+        body["charge_id"] = serde_json::json!(id);
+    }
+    body.to_string()
+}
+
+impl PaymentRecord {
+    /// This payment's body as answers show it (see [`payment_body`]).
+    pub(crate) fn body(&self) -> String {
+        let r = self;
+        payment_body(&r.request_no, &r.order_no, r.amount, &r.currency, &r.status, r.charge_id.as_deref())
+    }
+}
+
 /// A problem+json body (RFC 9457) with a stable `code`.
 pub fn problem(status: u16, code: &str, title: &str, detail: &str) -> String {
     serde_json::json!({

@@ -4,13 +4,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use onceflow_engine::{Engine, EngineConfig, Outcome};
-use serde_json::json;
 
 use crate::channel::Channel;
 use crate::error::{Error, Result};
 use crate::model::{
-    Order, PayRequest, PaymentRecord, StoredResponse, TokenRecord, hex_sha256, order_status, payment_status, problem,
-    token_state,
+    Order, PayRequest, PaymentRecord, StoredResponse, TokenRecord, hex_sha256, order_status, payment_body,
+    payment_status, problem, token_state,
 };
 use crate::saga::{PaymentInput, PaymentSaga, response_of};
 use crate::store::PaymentStore;
@@ -234,14 +233,7 @@ impl<S: PaymentStore> Payments<S> {
             }
             None => PayResponse {
                 status: 202,
-                body: json!({
-                    "request_no": input.request_no,
-                    "order_no": input.order_no,
-                    "amount": input.amount,
-                    "currency": input.currency,
-                    "status": "processing",
-                })
-                .to_string(),
+                body: input.payment_body(payment_status::PROCESSING, None),
                 replayed: false,
                 location: Some(format!("/v1/payments/{}", input.request_no)),
             },
@@ -339,17 +331,7 @@ impl<S: PaymentStore> Payments<S> {
         // Neither the token's response nor the workflow is kept any more: what the record says.
         Ok(match record.status.as_str() {
             payment_status::SUCCEEDED => {
-                let mut body = json!({
-                    "request_no": record.request_no,
-                    "order_no": record.order_no,
-                    "amount": record.amount,
-                    "currency": record.currency,
-                    "status": record.status,
-                });
-                if let Some(id) = &record.charge_id {
-                    body["charge_id"] = json!(id);
-                }
-                PayResponse { status: 201, body: body.to_string(), replayed: true, location: None }
+                PayResponse { status: 201, body: record.body(), replayed: true, location: None }
             }
             payment_status::PROCESSING => processing(&record),
             _ => {
@@ -387,14 +369,14 @@ fn command_mismatch(request_no: &str) -> PayResponse {
 fn processing(record: &PaymentRecord) -> PayResponse {
     PayResponse {
         status: 202,
-        body: json!({
-            "request_no": record.request_no,
-            "order_no": record.order_no,
-            "amount": record.amount,
-            "currency": record.currency,
-            "status": payment_status::PROCESSING,
-        })
-        .to_string(),
+        body: payment_body(
+            &record.request_no,
+            &record.order_no,
+            record.amount,
+            &record.currency,
+            payment_status::PROCESSING,
+            None,
+        ),
         replayed: false,
         location: Some(format!("/v1/payments/{}", record.request_no)),
     }

@@ -2,7 +2,6 @@
 //! charge request, its refund number.
 
 use serde::{Deserialize, Serialize};
-use serde_json::json;
 
 use crate::channel::ChargeRequest;
 
@@ -30,17 +29,7 @@ pub struct PaymentInput {
 impl PaymentInput {
     /// The body of a succeeded payment (`201`), and of `GET /v1/payments/{request_no}` once paid.
     pub(crate) fn payment_body(&self, status: &str, charge_id: Option<&str>) -> String {
-        let mut body = json!({
-            "request_no": self.request_no,
-            "order_no": self.order_no,
-            "amount": self.amount,
-            "currency": self.currency,
-            "status": status,
-        });
-        if let Some(id) = charge_id {
-            body["charge_id"] = json!(id);
-        }
-        body.to_string()
+        crate::model::payment_body(&self.request_no, &self.order_no, self.amount, &self.currency, status, charge_id)
     }
 
     pub(crate) fn refund_no(&self) -> String {
