@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use onceflow_engine::{EngineConfig, MySqlStore, PgStore, SqliteStore, Store, WorkflowRecord, WorkflowView};
 use onceflow_payments::{
-    Channel, IssuedToken, Order, PayRequest, PayResponse, PaymentRecord, Payments, Result as PayResult,
+    Channel, IssuedToken, Order, PayRequest, PayResponse, PaymentRecord, PaymentStore, Payments, Result as PayResult,
 };
 
 use crate::config::ConfigError;
@@ -149,36 +149,18 @@ impl Backend {
         on_backend!(self, p => sqlx::query_as(SQL).fetch_all(p.engine().store().pool()).await.unwrap_or_default())
     }
 
-    /// How many payments are unresolved (their record still `processing`: the charge outcome is unknown or the
-    /// channel said processing) and the oldest one's `created_at` (ms), through the partial index
-    /// `payments_unresolved` (no scan of the payments table). `None` when the database does not answer.
+    /// See [`PaymentStore::unresolved`]; `None` when the database does not answer.
     pub async fn unresolved_payments(&self) -> Option<(i64, Option<i64>)> {
-        const SQL: &str = "SELECT count(*), min(created_at) FROM payments WHERE status = 'processing'";
-        on_backend!(self, p => sqlx::query_as(SQL).fetch_one(p.engine().store().pool()).await.ok())
+        on_backend!(self, p => p.engine().store().unresolved().await.ok())
     }
 
-    /// The unresolved payments created at or before `created_before` (ms), oldest first, at most `limit`:
-    /// `(tenant, request_no, created_at)`.
+    /// See [`PaymentStore::unresolved_before`].
     pub async fn unresolved_payments_before(
         &self,
         created_before: i64,
         limit: i64,
-    ) -> onceflow_engine::Result<Vec<(String, String, i64)>> {
-        let sql = match self {
-            Backend::Postgres(_) => {
-                "SELECT tenant, request_no, created_at FROM payments \
-                 WHERE status = 'processing' AND created_at <= $1 ORDER BY created_at LIMIT $2"
-            }
-            Backend::Sqlite(_) | Backend::MySql(_) => {
-                "SELECT tenant, request_no, created_at FROM payments \
-                 WHERE status = 'processing' AND created_at <= ? ORDER BY created_at LIMIT ?"
-            }
-        };
-        Ok(on_backend!(self, p => sqlx::query_as(sql)
-            .bind(created_before)
-            .bind(limit)
-            .fetch_all(p.engine().store().pool())
-            .await?))
+    ) -> PayResult<Vec<(String, String, i64)>> {
+        Ok(on_backend!(self, p => p.engine().store().unresolved_before(created_before, limit).await?))
     }
 }
 

@@ -160,6 +160,17 @@ pub trait PaymentStore: Store {
         tenant: &str,
         request_no: &str,
     ) -> impl Future<Output = Result<Option<PaymentRecord>, sqlx::Error>> + Send;
+    /// How many payments are unresolved (their record still `processing`: the charge outcome is unknown or the
+    /// channel said processing) and the oldest one's `created_at` (ms), through the partial index
+    /// `payments_unresolved` (no scan of the payments table).
+    fn unresolved(&self) -> impl Future<Output = Result<(i64, Option<i64>), sqlx::Error>> + Send;
+    /// The unresolved payments created at or before `created_before` (ms), oldest first, at most `limit`:
+    /// `(tenant, request_no, created_at)`.
+    fn unresolved_before(
+        &self,
+        created_before: i64,
+        limit: i64,
+    ) -> impl Future<Output = Result<Vec<(String, String, i64)>, sqlx::Error>> + Send;
     /// Every order (for the invariant checker).
     fn all_orders(&self) -> impl Future<Output = Result<Vec<Order>, sqlx::Error>> + Send;
     /// Every payment record (for the invariant checker).

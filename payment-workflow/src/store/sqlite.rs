@@ -222,6 +222,27 @@ impl PaymentStore for SqliteStore {
             .await
     }
 
+    async fn unresolved(&self) -> Result<(i64, Option<i64>), sqlx::Error> {
+        sqlx::query_as("SELECT count(*), min(created_at) FROM payments WHERE status = 'processing'")
+            .fetch_one(self.pool())
+            .await
+    }
+
+    async fn unresolved_before(
+        &self,
+        created_before: i64,
+        limit: i64,
+    ) -> Result<Vec<(String, String, i64)>, sqlx::Error> {
+        sqlx::query_as(
+            "SELECT tenant, request_no, created_at FROM payments \
+             WHERE status = 'processing' AND created_at <= $1 ORDER BY created_at LIMIT $2",
+        )
+        .bind(created_before)
+        .bind(limit)
+        .fetch_all(self.pool())
+        .await
+    }
+
     async fn all_orders(&self) -> Result<Vec<Order>, sqlx::Error> {
         sqlx::query_as("SELECT * FROM orders ORDER BY tenant, order_no").fetch_all(self.pool()).await
     }
