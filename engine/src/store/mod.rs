@@ -8,6 +8,7 @@ use std::future::Future;
 use crate::error::Result;
 use crate::phase::{PhaseCommit, StatementOutcome};
 
+mod common;
 mod compensations;
 mod group_commit;
 mod held;

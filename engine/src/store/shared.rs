@@ -52,7 +52,7 @@ pub(crate) const SELECT_WORKFLOW: &str = "SELECT * FROM workflows WHERE workflow
 pub(crate) const SELECT_STEPS: &str =
     "SELECT * FROM workflow_steps WHERE workflow_id = $1 ORDER BY started_at, step_key";
 pub(crate) const SELECT_COMPENSATIONS: &str = "SELECT compensations FROM workflows WHERE workflow_id = $1";
-/// The heartbeat, less its list of workflow ids (`$4`, see [`HEARTBEAT_POSTGRES`] and [`HEARTBEAT_SQLITE`]):
+/// The heartbeat, less its list of workflow ids (`$4`, see [`HEARTBEAT_SQLITE`]):
 /// `owner`, `lease_until`, `now`.
 macro_rules! heartbeat_sql {
     ($ids:literal) => {
@@ -63,8 +63,6 @@ macro_rules! heartbeat_sql {
         )
     };
 }
-/// The heartbeat on Postgres: the ids as one `text[]`.
-pub(crate) const HEARTBEAT_POSTGRES: &str = heartbeat_sql!("= ANY($4)");
 /// The heartbeat on SQLite: the ids as one JSON array.
 pub(crate) const HEARTBEAT_SQLITE: &str = heartbeat_sql!("IN (SELECT value FROM json_each($4))");
 pub(crate) const RELEASE: &str = "UPDATE workflows SET lease_owner = NULL, lease_expires_at = NULL, \
