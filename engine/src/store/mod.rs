@@ -10,7 +10,6 @@ use crate::phase::{PhaseCommit, StatementOutcome};
 
 mod common;
 mod compensations;
-mod group_commit;
 mod held;
 mod mysql;
 mod postgres;

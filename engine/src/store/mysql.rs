@@ -153,7 +153,7 @@ impl Store for MySqlStore {
             return Ok(());
         }
         let mut sql = format!("INSERT INTO {} VALUES ", shared::STEP_COLUMNS);
-        shared::push_value_rows(&mut sql, steps.len(), 10, None);
+        super::common::push_value_rows(&mut sql, steps.len(), 10, None);
         sql.push_str(
             " ON DUPLICATE KEY UPDATE step_name = VALUES(step_name), kind = VALUES(kind), status = VALUES(status), \
              attempts = VALUES(attempts), output = VALUES(output), error = VALUES(error), \
