@@ -2,6 +2,11 @@
 //!
 //! Writes that belong to a step take the caller's connection inside an open transaction, so that a step's
 //! business writes, its step row and the workflow's progress commit together.
+//!
+//! A backend is a folder (`postgres/`, `sqlite/`, `mysql/`) that holds all of its SQL, written out in its own
+//! parameter style next to the code that binds it, so that one database's queries read and change on their
+//! own. What the backends share is Rust without SQL: the decisions in `common.rs`, the compensation list's
+//! encoding in `compensations.rs`, the held connections in `held.rs`.
 
 use std::future::Future;
 
@@ -14,7 +19,6 @@ mod held;
 mod mysql;
 mod postgres;
 mod records;
-mod shared;
 mod sqlite;
 
 pub use held::Writer;
