@@ -2,25 +2,29 @@
 //!
 //! Writes that belong to a step take the caller's connection inside an open transaction, so that a step's
 //! business writes, its step row and the workflow's progress commit together.
+//!
+//! A backend is a folder (`postgres/`, `sqlite/`, `mysql/`) that holds all of its SQL, written out in its own
+//! parameter style next to the code that binds it, so that one database's queries read and change on their
+//! own. What the backends share is Rust without SQL: the decisions in `common.rs`, the compensation list's
+//! encoding in `compensations.rs`, the held connections in `held.rs`.
 
 use std::future::Future;
-
-use serde::Serialize;
 
 use crate::error::Result;
 use crate::phase::{PhaseCommit, StatementOutcome};
 
+mod common;
 mod compensations;
-mod group_commit;
 mod held;
 mod mysql;
 mod postgres;
-mod shared;
+mod records;
 mod sqlite;
 
 pub use held::Writer;
 pub use mysql::{MIGRATOR as MYSQL_MIGRATOR, MySqlStore};
 pub use postgres::{MIGRATOR as POSTGRES_MIGRATOR, PgStore};
+pub use records::{CompensationRecord, StepRecord, WorkflowRecord, compensation_status, kind, state, step_status};
 pub use sqlite::{MIGRATOR as SQLITE_MIGRATOR, PHASE_FLAGS as SQLITE_PHASE_FLAGS, SqliteStore};
 
 /// A connection of the store's database, as handed to transactional steps.
@@ -28,134 +32,6 @@ pub type Conn<S> = <<S as Store>::Db as sqlx::Database>::Connection;
 
 /// An open transaction of the store's database.
 pub type Tx<S> = sqlx::Transaction<'static, <S as Store>::Db>;
-
-/// Workflow states as stored.
-pub mod state {
-    /// Running forward, or waiting to run (see `next_attempt_at` and the lease).
-    pub const RUNNING: &str = "running";
-    /// A step failed terminally (or the workflow was cancelled); compensations are running.
-    pub const COMPENSATING: &str = "compensating";
-    /// Finished with an output.
-    pub const COMPLETED: &str = "completed";
-    /// Failed; every registered compensation has run.
-    pub const FAILED: &str = "failed";
-    /// Failed, and a compensation could not finish: an operator must look.
-    pub const COMPENSATION_FAILED: &str = "compensation_failed";
-    /// Cancelled by an operator; every registered compensation has run.
-    pub const CANCELLED: &str = "cancelled";
-
-    /// Whether a workflow in `state` will not change again without an operator.
-    pub fn is_final(state: &str) -> bool {
-        !matches!(state, RUNNING | COMPENSATING)
-    }
-}
-
-/// A workflow instance as stored.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, sqlx::FromRow)]
-pub struct WorkflowRecord {
-    /// Caller-chosen id, the idempotency key of the start.
-    pub workflow_id: String,
-    /// Registered workflow type.
-    pub name: String,
-    /// Input as JSON text.
-    pub input: String,
-    /// SHA-256 of the input, hex.
-    pub input_hash: String,
-    /// One of [`state`]'s constants.
-    pub state: String,
-    /// Output as JSON text, once completed.
-    pub output: Option<String>,
-    /// The failure as JSON text, once failed.
-    pub error: Option<String>,
-    /// Worker holding the lease.
-    pub lease_owner: Option<String>,
-    /// When the lease ends (ms since the epoch).
-    pub lease_expires_at: Option<i64>,
-    /// Incremented on every claim; every commit checks it.
-    pub lease_epoch: i64,
-    /// Not runnable before this time (ms since the epoch).
-    pub next_attempt_at: i64,
-    /// A waiter in another process asked to be notified when the workflow ends.
-    pub notify: bool,
-    /// Creation time (ms since the epoch).
-    pub created_at: i64,
-    /// Time of the last change (ms since the epoch).
-    pub updated_at: i64,
-}
-
-/// Step kinds as stored.
-pub mod kind {
-    /// Runs inside the workflow's transaction.
-    pub const TRANSACTIONAL: &str = "transactional";
-    /// A call outside the database: intent committed before, outcome after.
-    pub const EXTERNAL: &str = "external";
-}
-
-/// Step statuses as stored.
-pub mod step_status {
-    /// Intent committed, no outcome yet: if met on resume, the outcome is unknown.
-    pub const STARTED: &str = "started";
-    /// The last attempt's outcome is unknown; the next attempt must resolve it.
-    pub const UNKNOWN: &str = "unknown";
-    /// The last attempt failed retryably; the next attempt waits for `next_attempt_at`.
-    pub const RETRYING: &str = "retrying";
-    /// Finished with an output.
-    pub const COMPLETED: &str = "completed";
-    /// Failed terminally.
-    pub const FAILED: &str = "failed";
-}
-
-/// One step of a workflow as stored, unique on `(workflow_id, step_key)`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, sqlx::FromRow)]
-pub struct StepRecord {
-    /// The workflow.
-    pub workflow_id: String,
-    /// Unique within the workflow.
-    pub step_key: String,
-    /// What the step does (the same name may run under several keys).
-    pub step_name: String,
-    /// One of [`kind`]'s constants.
-    pub kind: String,
-    /// One of [`step_status`]'s constants.
-    pub status: String,
-    /// Attempts started so far.
-    pub attempts: i32,
-    /// Output as JSON text, once completed.
-    pub output: Option<String>,
-    /// The last error as JSON text or message.
-    pub error: Option<String>,
-    /// When the first attempt started (ms since the epoch).
-    pub started_at: i64,
-    /// When the step completed or failed (ms since the epoch).
-    pub finished_at: Option<i64>,
-}
-
-/// Compensation statuses as stored.
-pub mod compensation_status {
-    /// Registered; runs if the workflow fails.
-    pub const REGISTERED: &str = "registered";
-    /// Has run to completion.
-    pub const DONE: &str = "done";
-    /// Failed terminally.
-    pub const FAILED: &str = "failed";
-}
-
-/// A compensation registered before its forward step ran.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, sqlx::FromRow)]
-pub struct CompensationRecord {
-    /// The workflow.
-    pub workflow_id: String,
-    /// Registration order; compensations run in reverse.
-    pub seq: i32,
-    /// The forward step it undoes.
-    pub step_key: String,
-    /// Which compensation of the workflow type to run.
-    pub name: String,
-    /// Its input as JSON text.
-    pub input: String,
-    /// One of [`compensation_status`]'s constants.
-    pub status: String,
-}
 
 /// The change a commit makes to its workflow's row, applied only while the committer holds the lease.
 #[derive(Debug, Clone, Default)]

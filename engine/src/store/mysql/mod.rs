@@ -7,17 +7,24 @@
 //! A deadlock or lock-wait timeout rolls the phase back and replays it (see [`crate::error::is_transient`]).
 //! MySQL has no `UPDATE … RETURNING` and no `LISTEN`: updates are followed by a read inside the same
 //! transaction, and waiters in other processes poll.
+//!
+//! All of its SQL is here, written with MySQL's positional `?` parameters: a query binds its values in the
+//! order they appear, which the binders below follow.
 
 use std::str::FromStr;
 use std::time::Duration;
 
-use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
+use sqlx::mysql::{MySqlArguments, MySqlConnectOptions, MySqlPoolOptions};
 use sqlx::{Executor, MySql};
 
+use super::common::{self, Cleanup};
 use super::{
-    CompensationRecord, Conn, Listener, Reopen, StepRecord, Store, Tx, WorkflowRecord, WorkflowUpdate, shared,
+    CompensationRecord, Conn, Listener, Reopen, StepRecord, Store, Tx, WorkflowRecord, WorkflowUpdate, compensations,
 };
 use crate::error::Result;
+
+/// A query on MySQL, as the binders take and return it.
+type MySqlQuery<'q> = sqlx::query::Query<'q, MySql, MySqlArguments>;
 
 /// The embedded MySQL migrations (engine and payment tables).
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/mysql");
@@ -27,8 +34,21 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/mys
 const SESSION: [&str; 2] =
     ["SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED", "SET SESSION innodb_lock_wait_timeout = 10"];
 
-const INSERT_WORKFLOW: &str =
-    concat!("INSERT INTO ", shared::workflow_columns!(), " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)");
+/// Inserts a workflow with its compensation list, in the order of [`bind_workflow`]; a duplicate key fails it.
+const INSERT_WORKFLOW: &str = "INSERT INTO workflows (workflow_id, name, input, input_hash, state, output, error, \
+    lease_owner, lease_expires_at, lease_epoch, next_attempt_at, notify, created_at, updated_at, compensations) \
+    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
+/// Inserts step rows (followed by a `(?, …)` list per row, in the order of [`bind_steps`]).
+const INSERT_STEPS: &str = "INSERT INTO workflow_steps \
+    (workflow_id, step_key, step_name, kind, status, attempts, output, error, started_at, finished_at) VALUES ";
+/// Parameters per row of [`INSERT_STEPS`].
+const STEP_PARAMS: usize = 10;
+/// A step insert's conflict clause: the new row replaces the stored one.
+const STEPS_ON_DUPLICATE: &str = " ON DUPLICATE KEY UPDATE step_name = VALUES(step_name), kind = VALUES(kind), \
+    status = VALUES(status), attempts = VALUES(attempts), output = VALUES(output), error = VALUES(error), \
+    started_at = VALUES(started_at), finished_at = VALUES(finished_at)";
+/// The fence: applies a [`WorkflowUpdate`] (and a new compensation list, if given) only while `lease_epoch` is
+/// still the committer's.
 const FENCE: &str = "UPDATE workflows SET state = COALESCE(?, state), output = COALESCE(?, output), \
     error = COALESCE(?, error), lease_owner = CASE WHEN ? IS NULL THEN lease_owner ELSE NULL END, \
     lease_expires_at = CASE WHEN ? IS NULL THEN lease_expires_at ELSE NULL END, \
@@ -105,8 +125,56 @@ impl MySqlStore {
     }
 }
 
+/// `n` positional parameters, `?, ?, …`.
 fn placeholders(n: usize) -> String {
     vec!["?"; n].join(", ")
+}
+
+/// Binds `wf` and its stored compensation list `comps` for [`INSERT_WORKFLOW`].
+fn bind_workflow<'q>(q: MySqlQuery<'q>, wf: &WorkflowRecord, comps: String) -> MySqlQuery<'q> {
+    q.bind(&wf.workflow_id)
+        .bind(&wf.name)
+        .bind(&wf.input)
+        .bind(&wf.input_hash)
+        .bind(&wf.state)
+        .bind(&wf.output)
+        .bind(&wf.error)
+        .bind(&wf.lease_owner)
+        .bind(wf.lease_expires_at)
+        .bind(wf.lease_epoch)
+        .bind(wf.next_attempt_at)
+        .bind(wf.notify)
+        .bind(wf.created_at)
+        .bind(wf.updated_at)
+        .bind(comps)
+}
+
+/// Binds `steps` for [`INSERT_STEPS`].
+fn bind_steps<'q>(mut q: MySqlQuery<'q>, steps: &[StepRecord]) -> MySqlQuery<'q> {
+    for s in steps {
+        q = q
+            .bind(&s.workflow_id)
+            .bind(&s.step_key)
+            .bind(&s.step_name)
+            .bind(&s.kind)
+            .bind(&s.status)
+            .bind(s.attempts)
+            .bind(&s.output)
+            .bind(&s.error)
+            .bind(s.started_at)
+            .bind(s.finished_at);
+    }
+    q
+}
+
+/// The `DELETE` of a reopen's [`Cleanup`].
+fn cleanup_sql(cleanup: Cleanup) -> &'static str {
+    match cleanup {
+        Cleanup::FailedSteps => "DELETE FROM workflow_steps WHERE workflow_id = ? AND status = 'failed'",
+        Cleanup::FailedCompensations => {
+            "DELETE FROM workflow_steps WHERE workflow_id = ? AND status = 'failed' AND step_key LIKE 'compensate/%'"
+        }
+    }
 }
 
 /// True when an insert hit an existing key: MySQL rolls back only that statement, the transaction goes on.
@@ -140,8 +208,8 @@ impl Store for MySqlStore {
         wf: &WorkflowRecord,
         compensations: &[CompensationRecord],
     ) -> Result<bool> {
-        let q = shared::bind_workflow!(sqlx::query(INSERT_WORKFLOW), wf);
-        match q.bind(super::compensations::encode(compensations)?).execute(&mut *conn).await {
+        let q = bind_workflow(sqlx::query(INSERT_WORKFLOW), wf, compensations::encode(compensations)?);
+        match q.execute(&mut *conn).await {
             Ok(_) => Ok(true),
             Err(e) if duplicate(&e) => Ok(false),
             Err(e) => Err(e.into()),
@@ -152,14 +220,10 @@ impl Store for MySqlStore {
         if steps.is_empty() {
             return Ok(());
         }
-        let mut sql = format!("INSERT INTO {} VALUES ", shared::STEP_COLUMNS);
-        shared::push_value_rows(&mut sql, steps.len(), 10, None);
-        sql.push_str(
-            " ON DUPLICATE KEY UPDATE step_name = VALUES(step_name), kind = VALUES(kind), status = VALUES(status), \
-             attempts = VALUES(attempts), output = VALUES(output), error = VALUES(error), \
-             started_at = VALUES(started_at), finished_at = VALUES(finished_at)",
-        );
-        shared::bind_steps!(sqlx::query(sqlx::AssertSqlSafe(sql)), steps).execute(&mut *conn).await?;
+        let mut sql = INSERT_STEPS.to_owned();
+        common::push_value_rows(&mut sql, steps.len(), STEP_PARAMS, None);
+        sql.push_str(STEPS_ON_DUPLICATE);
+        bind_steps(sqlx::query(sqlx::AssertSqlSafe(sql)), steps).execute(&mut *conn).await?;
         Ok(())
     }
 
@@ -175,7 +239,7 @@ impl Store for MySqlStore {
         compensations: Option<&[CompensationRecord]>,
     ) -> Result<Option<bool>> {
         let release = update.release_until;
-        let comps = compensations.map(super::compensations::encode).transpose()?;
+        let comps = compensations.map(compensations::encode).transpose()?;
         let done = sqlx::query(FENCE)
             .bind(update.state)
             .bind(&update.output)
@@ -208,7 +272,7 @@ impl Store for MySqlStore {
     async fn compensations(&self, workflow_id: &str) -> Result<Vec<CompensationRecord>> {
         let q = sqlx::query_scalar(SELECT_COMPENSATIONS).bind(workflow_id);
         let stored: Option<Option<String>> = q.fetch_optional(&self.pool).await?;
-        super::compensations::decode(workflow_id, stored.flatten().as_deref())
+        compensations::decode(workflow_id, stored.flatten().as_deref())
     }
 
     async fn claim_due(&self, owner: &str, now: i64, lease_until: i64, limit: i64) -> Result<Vec<WorkflowRecord>> {
@@ -290,25 +354,16 @@ impl Store for MySqlStore {
         now: i64,
     ) -> Result<Option<WorkflowRecord>> {
         let mut tx = self.begin().await?;
-        let current: Option<(String, Option<String>)> =
-            sqlx::query_as("SELECT state, compensations FROM workflows WHERE workflow_id = ? FOR UPDATE")
-                .bind(workflow_id)
-                .fetch_optional(&mut *tx)
-                .await?;
-        let Some((current, comps)) = current else {
-            return Err(crate::Error::NotFound(workflow_id.to_owned()));
-        };
-        if !from_states.contains(&current.as_str()) {
+        let current = sqlx::query_as("SELECT state, compensations FROM workflows WHERE workflow_id = ? FOR UPDATE")
+            .bind(workflow_id)
+            .fetch_optional(&mut *tx)
+            .await?;
+        let Some(plan) = common::reopen_plan(workflow_id, current, from_states, how)? else {
             return Ok(None);
-        }
-        let plan = shared::reopen_plan(how);
-        for sql in plan.cleanup {
-            sqlx::query(sqlx::AssertSqlSafe(sql.replace("$1", "?"))).bind(workflow_id).execute(&mut *tx).await?;
-        }
-        let comps = match plan.reset_compensations {
-            true => Some(super::compensations::reset_failed(workflow_id, comps.as_deref())?),
-            false => None,
         };
+        if let Some(cleanup) = plan.cleanup {
+            sqlx::query(cleanup_sql(cleanup)).bind(workflow_id).execute(&mut *tx).await?;
+        }
         sqlx::query(
             "UPDATE workflows SET state = ?, error = CASE WHEN ? THEN NULL ELSE COALESCE(?, error) END, \
              lease_owner = NULL, lease_expires_at = NULL, lease_epoch = lease_epoch + 1, \
@@ -319,7 +374,7 @@ impl Store for MySqlStore {
         .bind(error)
         .bind(now)
         .bind(now)
-        .bind(comps)
+        .bind(plan.compensations)
         .bind(workflow_id)
         .execute(&mut *tx)
         .await?;

@@ -15,7 +15,7 @@ use sqlx::sqlite::{SqliteArguments, SqliteRow};
 use sqlx::{SqlSafeStr, Sqlite};
 use tokio::sync::{mpsc, oneshot};
 
-use super::held::{Held, Writer};
+use crate::store::held::{Held, Writer};
 
 /// The savepoint around each commit of a group that runs again.
 const SAVEPOINT: &str = "onceflow_commit";

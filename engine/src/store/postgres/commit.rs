@@ -1,0 +1,209 @@
+//! A Postgres commit as one statement: the phase's CTEs, the bookkeeping's (workflow insert, step rows, fence)
+//! and a final `SELECT`, so that a commit costs one round trip and no `BEGIN` or `COMMIT`.
+
+use sqlx::Row;
+
+use super::rows::{self, PgQuery};
+use super::{NOTIFY_CHANNEL, PgStore};
+use crate::error::Result;
+use crate::phase::{PhaseCommit, PhaseRow, SqlArg, StatementOutcome};
+use crate::store::{Checkpoint, Conn, Persisted, Store, common, compensations};
+
+/// The checkpoint's parts, each to become CTE `w0`, `w1`, … of one statement, parameters numbered from `$first`
+/// in the order [`bind_checkpoint`] binds: the workflow insert with its compensations (`RETURNING 1 AS
+/// inserted`), the step rows, the fence with the compensations if they changed (`RETURNING notify`); and the
+/// next free parameter number.
+///
+/// A workflow's first commit (see [`Checkpoint::is_first`]) writes its step rows as plain inserts made only if
+/// the insert `w0` wrote the row: a workflow that did not exist has none of them, so nothing can conflict.
+fn checkpoint_parts(c: &Checkpoint<'_>, first: usize) -> (Vec<String>, usize) {
+    let mut parts = Vec::new();
+    let mut next = first;
+    if c.insert.is_some() {
+        parts.push(rows::insert_workflow_sql(next) + " RETURNING 1 AS inserted");
+        next += rows::WORKFLOW_PARAMS;
+    }
+    if !c.steps.is_empty() {
+        parts.push(rows::write_steps_sql(c.steps.len(), next, c.is_first().then_some("w0")));
+        next += c.steps.len() * rows::STEP_PARAMS;
+    }
+    if c.fence.is_some() {
+        parts.push(rows::fence_sql(next));
+        next += rows::FENCE_PARAMS;
+    }
+    (parts, next)
+}
+
+/// Binds a checkpoint for [`checkpoint_parts`].
+fn bind_checkpoint<'q>(q: PgQuery<'q>, c: &Checkpoint<'_>) -> Result<PgQuery<'q>> {
+    let comps = c.compensations.map(compensations::encode).transpose()?;
+    let q = match c.insert {
+        Some(row) => rows::bind_workflow(q, row, comps.clone().unwrap_or_else(|| "[]".to_owned())),
+        None => q,
+    };
+    let q = rows::bind_steps(q, c.steps);
+    Ok(match &c.fence {
+        Some(f) => rows::bind_fence(q, f.workflow_id, f.epoch, f.update, f.now, comps),
+        None => q,
+    })
+}
+
+/// [`Store::persist`] on Postgres: the workflow insert (first commit) and the step rows ride as data-modifying
+/// CTEs of the fence, or of a final check that the insert happened.
+pub(super) async fn persist(conn: &mut Conn<PgStore>, checkpoint: &Checkpoint<'_>) -> Result<Persisted> {
+    let (mut parts, _) = checkpoint_parts(checkpoint, 1);
+    if checkpoint.is_first() {
+        // `w0` is the insert: whether it wrote the row.
+        parts.push("SELECT EXISTS (SELECT 1 FROM w0)".to_owned());
+    }
+    let Some(last) = parts.pop() else { return Ok(Persisted::Done { notify: false }) };
+    let mut sql = String::new();
+    for (i, part) in parts.iter().enumerate() {
+        sql.push_str(if i == 0 { "WITH " } else { ", " });
+        sql.push_str(&format!("w{i} AS ({part})"));
+    }
+    sql.push(' ');
+    sql.push_str(&last);
+    // The statement returns one boolean or nothing: the fence's `notify`, or whether the insert happened.
+    let q = bind_checkpoint(sqlx::query(sqlx::AssertSqlSafe(sql)), checkpoint)?;
+    let found: Option<bool> = q.try_map(|row: sqlx::postgres::PgRow| row.try_get(0)).fetch_optional(&mut *conn).await?;
+    Ok(match (checkpoint.insert, &checkpoint.fence, found) {
+        (_, Some(_), None) => Persisted::LeaseLost,
+        (_, Some(_), Some(notify)) => Persisted::Done { notify },
+        (Some(_), None, Some(false)) => Persisted::Duplicate,
+        _ => Persisted::Done { notify: false },
+    })
+}
+
+/// Parameters per phase step row of [`phase_values`].
+const PHASE_ROW_PARAMS: usize = 6;
+
+/// The `VALUES` rows of a statement phase's step rows, columns `v (k, n, kind, status, a, o, fin, keep)`:
+/// parameters from `next` (advanced past them) in the order of [`bind_statement`], the output and the
+/// condition inline.
+fn phase_values(rows: &[PhaseRow<'_>], next: &mut usize) -> String {
+    let mut values = Vec::new();
+    for r in rows {
+        let p = *next;
+        values.push(format!(
+            "(${}::text, ${}::text, ${}::text, ${}::text, ${}::int, ({})::text, ${}::boolean, {})",
+            p,
+            p + 1,
+            p + 2,
+            p + 3,
+            p + 4,
+            r.output,
+            p + 5,
+            r.when.map_or_else(|| "TRUE".to_owned(), |w| format!("({w})")),
+        ));
+        *next += PHASE_ROW_PARAMS;
+    }
+    values.join(", ")
+}
+
+/// Binds a one-statement commit: the phase's arguments, the checkpoint, the workflow id and the phase's `now`,
+/// then each step row's parameters (see [`phase_values`]).
+fn bind_statement<'q>(
+    q: PgQuery<'q>,
+    checkpoint: &Checkpoint<'_>,
+    phase: Option<PhaseCommit<'_>>,
+) -> Result<PgQuery<'q>> {
+    let mut q = q;
+    for arg in phase.map_or(&[][..], |p| &p.phase.args[..]) {
+        q = match arg {
+            SqlArg::Text(t) => q.bind(t),
+            SqlArg::Int(i) => q.bind(*i),
+        };
+    }
+    let mut q = bind_checkpoint(q, checkpoint)?;
+    q = q.bind(checkpoint.workflow_id()).bind(phase.map_or(0, |p| p.now));
+    for r in phase.map_or(&[][..], |p| p.rows) {
+        q = q.bind(&r.key).bind(r.name).bind(r.kind).bind(r.status).bind(r.attempts).bind(r.finished);
+    }
+    Ok(q)
+}
+
+/// [`Store::commit_statement`] on Postgres: one statement in autocommit, the phase's CTEs, the bookkeeping's
+/// CTEs, the phase's step rows, and a final `SELECT` whose `onceflow_check` calls raise (rolling everything
+/// back) when the guard, the fence or the insert did not hold.
+pub(super) async fn commit_statement(
+    store: &PgStore,
+    checkpoint: &Checkpoint<'_>,
+    phase: Option<PhaseCommit<'_>>,
+    finished: bool,
+) -> Result<Option<StatementOutcome>> {
+    let args = phase.map_or(0, |p| p.phase.args.len());
+    let (parts, mut next) = checkpoint_parts(checkpoint, args + 1);
+    let mut ctes: Vec<String> = phase.map(|p| p.phase.ctes.clone()).unwrap_or_default();
+    ctes.extend(parts.iter().enumerate().map(|(i, part)| format!("w{i} AS ({part})")));
+    // The bookkeeping's own check: the fence (the last part) matched, or else the insert (the first) happened.
+    let (held, code) = match (&checkpoint.fence, checkpoint.insert) {
+        (Some(_), _) => (format!("EXISTS (SELECT 1 FROM w{})", parts.len() - 1), common::CHECK_FENCE),
+        (None, Some(_)) => ("EXISTS (SELECT 1 FROM w0)".to_owned(), common::CHECK_INSERT),
+        (None, None) => ("TRUE".to_owned(), common::CHECK_FENCE),
+    };
+    let (workflow, now) = (next, next + 1);
+    next += 2;
+    let rows = phase.map_or(&[][..], |p| p.rows);
+    // The phase's outputs are read back from the step rows written (a row not written reads NULL; an intent's
+    // empty text means written, with no output), so the statement evaluates each output once.
+    let mut outputs = Vec::new();
+    if !rows.is_empty() {
+        let first_key = next;
+        let values = phase_values(rows, &mut next);
+        ctes.push(format!(
+            "ws AS (INSERT INTO {} SELECT ${workflow}::text, v.k, v.n, v.kind, v.status, v.a, v.o, NULL, \
+             ${now}::bigint, CASE WHEN v.fin THEN ${now}::bigint END \
+             FROM (VALUES {}) v (k, n, kind, status, a, o, fin, keep) WHERE v.keep{} RETURNING step_key, output)",
+            rows::STEP_COLUMNS,
+            values,
+            // A workflow's first commit finds no step rows (see `checkpoint_parts`).
+            if checkpoint.is_first() { " AND EXISTS (SELECT 1 FROM w0)" } else { rows::STEPS_ON_CONFLICT }
+        ));
+        outputs = (0..rows.len())
+            .map(|i| {
+                let key = first_key + PHASE_ROW_PARAMS * i;
+                format!("max(CASE WHEN step_key = ${key} THEN COALESCE(output, '') END)")
+            })
+            .collect();
+    }
+    let notify = finished && checkpoint.fence.is_some();
+    if notify {
+        ctes.push(format!(
+            "n AS (SELECT pg_notify(${next}::text, ${workflow}::text) FROM w{} WHERE notify)",
+            parts.len() - 1
+        ));
+    }
+    // The bookkeeping's check first: a phase of a workflow that exists already (or is no longer ours) is a
+    // duplicate start (or a lost lease), whatever its guard says.
+    let guard = phase.and_then(|p| p.phase.guard.as_ref()).map_or("TRUE", |(g, _)| g.as_str());
+    let mut sql = format!(
+        "WITH {} SELECT onceflow_check({held}, '{code}'), onceflow_check({guard}, '{}')",
+        ctes.join(", "),
+        common::CHECK_GUARD
+    );
+    if notify {
+        sql.push_str(", (SELECT count(*) FROM n)");
+    }
+    if !outputs.is_empty() {
+        sql.push_str(&format!(", o.* FROM (SELECT {} FROM ws) o", outputs.join(", ")));
+    }
+    let mut q = bind_statement(sqlx::query(sqlx::AssertSqlSafe(sql)), checkpoint, phase)?;
+    if notify {
+        q = q.bind(NOTIFY_CHANNEL);
+    }
+    let mut conn = store.writer().await?;
+    let row = q.fetch_one(&mut *conn).await;
+    let row = match conn.check(row) {
+        Ok(row) => row,
+        Err(sqlx::Error::Database(e)) => {
+            return match e.code().as_deref().and_then(common::checked) {
+                Some(outcome) => Ok(Some(outcome)),
+                None => Err(sqlx::Error::Database(e).into()),
+            };
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let first = if notify { 3 } else { 2 };
+    Ok(Some(StatementOutcome::Done(common::read_outputs(&row, first, rows.len())?)))
+}

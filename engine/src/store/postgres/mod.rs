@@ -1,0 +1,284 @@
+//! The Postgres store: for production and for many processes against one database.
+//!
+//! Its SQL is written here with `$n` parameters: the queries of single rows and leases in this file, the rows a
+//! commit writes in `rows.rs`, and the one-statement commit in `commit.rs`.
+
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions, PgRow};
+use sqlx::{Postgres, Row};
+
+use super::common::{self, Cleanup};
+use super::held::Held;
+use super::{
+    Checkpoint, CompensationRecord, Conn, Listener, ListenerInner, Persisted, Reopen, StepRecord, Store, Tx,
+    WorkflowRecord, WorkflowUpdate, Writer, compensations,
+};
+use crate::error::Result;
+use crate::phase::{PhaseCommit, StatementOutcome};
+
+mod commit;
+mod rows;
+
+/// The embedded Postgres migrations (engine and payment tables).
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/postgres");
+
+/// The channel on which a finished workflow's id is sent to waiters in other processes.
+const NOTIFY_CHANNEL: &str = "onceflow_workflow_done";
+
+/// A [`Store`] on Postgres.
+#[derive(Debug, Clone)]
+pub struct PgStore {
+    pool: sqlx::PgPool,
+    /// Most of the pool's connections, kept for one-statement commits and writes (see [`Held`]); none when
+    /// the pool is too small to spare them.
+    held: Option<Arc<Held<Postgres>>>,
+}
+
+impl PgStore {
+    /// Connects a pool of up to `max_connections` to `url` (`postgres://…`).
+    pub async fn connect(url: &str, max_connections: u32) -> Result<Self> {
+        let options = PgConnectOptions::from_str(url)?;
+        let pool = PgPoolOptions::new()
+            .max_connections(max_connections)
+            // No ping on every acquire: it was a round trip per transaction. A connection a server restart
+            // broke fails its query instead, which the engine retries and the API answers with `503`.
+            .test_before_acquire(false)
+            // With the database gone, sqlx keeps reconnecting until this timeout: a short one answers
+            // `503` fast instead of holding requests (and doubles as load shedding when the pool is exhausted).
+            .acquire_timeout(Duration::from_secs(2))
+            .connect_with(options)
+            .await?;
+        Ok(Self::from_pool(pool))
+    }
+
+    /// A store over an existing pool.
+    pub fn from_pool(pool: sqlx::PgPool) -> Self {
+        // A quarter of the connections, at least two, stay in the pool for reads and transactions.
+        let max = pool.options().get_max_connections() as usize;
+        let held = max.saturating_sub((max / 4).max(2));
+        Self { held: (held > 0).then(|| Arc::new(Held::new(pool.clone(), held))), pool }
+    }
+}
+
+/// The `DELETE` of a reopen's [`Cleanup`].
+fn cleanup_sql(cleanup: Cleanup) -> &'static str {
+    match cleanup {
+        Cleanup::FailedSteps => "DELETE FROM workflow_steps WHERE workflow_id = $1 AND status = 'failed'",
+        Cleanup::FailedCompensations => {
+            "DELETE FROM workflow_steps WHERE workflow_id = $1 AND status = 'failed' AND step_key LIKE 'compensate/%'"
+        }
+    }
+}
+
+impl Store for PgStore {
+    type Db = Postgres;
+
+    fn backend(&self) -> &'static str {
+        "postgres"
+    }
+
+    fn pool(&self) -> &sqlx::Pool<Self::Db> {
+        &self.pool
+    }
+
+    async fn migrate(&self) -> Result<()> {
+        MIGRATOR.run(&self.pool).await?;
+        Ok(())
+    }
+
+    async fn begin(&self) -> Result<Tx<Self>> {
+        Ok(self.pool.begin().await?)
+    }
+
+    /// A held connection (a statement left unfinished is drained before the next: sqlx waits for the
+    /// server's `ReadyForQuery`), or one from the pool when every held one is in use (or none is held).
+    async fn writer(&self) -> Result<Writer<'_, Postgres>> {
+        match &self.held {
+            Some(held) => held.get_or_pooled().await,
+            None => Ok(Writer::pooled(self.pool.acquire().await?)),
+        }
+    }
+
+    async fn insert_workflow(
+        &self,
+        conn: &mut Conn<Self>,
+        wf: &WorkflowRecord,
+        compensations: &[CompensationRecord],
+    ) -> Result<bool> {
+        let q = sqlx::query(sqlx::AssertSqlSafe(rows::insert_workflow_sql(1)));
+        let done = rows::bind_workflow(q, wf, compensations::encode(compensations)?).execute(&mut *conn).await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn write_steps(&self, conn: &mut Conn<Self>, steps: &[StepRecord]) -> Result<()> {
+        if steps.is_empty() {
+            return Ok(());
+        }
+        let q = sqlx::query(sqlx::AssertSqlSafe(rows::write_steps_sql(steps.len(), 1, None)));
+        rows::bind_steps(q, steps).execute(&mut *conn).await?;
+        Ok(())
+    }
+
+    async fn fence(
+        &self,
+        conn: &mut Conn<Self>,
+        workflow_id: &str,
+        epoch: i64,
+        update: &WorkflowUpdate,
+        now: i64,
+        compensations: Option<&[CompensationRecord]>,
+    ) -> Result<Option<bool>> {
+        let comps = compensations.map(compensations::encode).transpose()?;
+        let q = sqlx::query(sqlx::AssertSqlSafe(rows::fence_sql(1)));
+        let q = rows::bind_fence(q, workflow_id, epoch, update, now, comps);
+        Ok(q.try_map(|row: PgRow| row.try_get(0)).fetch_optional(&mut *conn).await?)
+    }
+
+    /// One statement (see `commit::persist`).
+    async fn persist(&self, conn: &mut Conn<Self>, checkpoint: &Checkpoint<'_>) -> Result<Persisted> {
+        commit::persist(conn, checkpoint).await
+    }
+
+    /// One statement in autocommit (see `commit::commit_statement`).
+    async fn commit_statement(
+        &self,
+        checkpoint: &Checkpoint<'_>,
+        phase: Option<PhaseCommit<'_>>,
+        finished: bool,
+    ) -> Result<Option<StatementOutcome>> {
+        commit::commit_statement(self, checkpoint, phase, finished).await
+    }
+
+    async fn notify_finished(&self, conn: &mut Conn<Self>, workflow_id: &str) -> Result<()> {
+        sqlx::query("SELECT pg_notify($1, $2)").bind(NOTIFY_CHANNEL).bind(workflow_id).execute(&mut *conn).await?;
+        Ok(())
+    }
+
+    async fn workflow(&self, workflow_id: &str) -> Result<Option<WorkflowRecord>> {
+        let q = sqlx::query_as("SELECT * FROM workflows WHERE workflow_id = $1").bind(workflow_id);
+        Ok(q.fetch_optional(&self.pool).await?)
+    }
+
+    async fn steps(&self, workflow_id: &str) -> Result<Vec<StepRecord>> {
+        let q = sqlx::query_as("SELECT * FROM workflow_steps WHERE workflow_id = $1 ORDER BY started_at, step_key");
+        Ok(q.bind(workflow_id).fetch_all(&self.pool).await?)
+    }
+
+    async fn compensations(&self, workflow_id: &str) -> Result<Vec<CompensationRecord>> {
+        let q = sqlx::query_scalar("SELECT compensations FROM workflows WHERE workflow_id = $1").bind(workflow_id);
+        let stored: Option<Option<String>> = q.fetch_optional(&self.pool).await?;
+        compensations::decode(workflow_id, stored.flatten().as_deref())
+    }
+
+    async fn claim_due(&self, owner: &str, now: i64, lease_until: i64, limit: i64) -> Result<Vec<WorkflowRecord>> {
+        Ok(sqlx::query_as(
+            "UPDATE workflows w SET lease_owner = $1, lease_expires_at = $3, lease_epoch = w.lease_epoch + 1 \
+             FROM (SELECT workflow_id FROM workflows \
+                   WHERE state IN ('running', 'compensating') AND next_attempt_at <= $2 \
+                     AND (lease_expires_at IS NULL OR lease_expires_at <= $2) \
+                   ORDER BY next_attempt_at LIMIT $4 FOR UPDATE SKIP LOCKED) due \
+             WHERE w.workflow_id = due.workflow_id RETURNING w.*",
+        )
+        .bind(owner)
+        .bind(now)
+        .bind(lease_until)
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    /// The ids travel as one `text[]`.
+    async fn heartbeat(&self, owner: &str, workflow_ids: &[String], lease_until: i64, now: i64) -> Result<u64> {
+        if workflow_ids.is_empty() {
+            return Ok(0);
+        }
+        let mut w = self.writer().await?;
+        let q = sqlx::query(
+            "UPDATE workflows SET lease_expires_at = $2 WHERE workflow_id = ANY($4) AND lease_owner = $1 \
+             AND state IN ('running', 'compensating') AND lease_expires_at > $3",
+        );
+        let done = q.bind(owner).bind(lease_until).bind(now).bind(workflow_ids).execute(&mut *w).await;
+        Ok(w.check(done)?.rows_affected())
+    }
+
+    async fn release(&self, workflow_id: &str, epoch: i64, next_attempt_at: i64, now: i64) -> Result<bool> {
+        let mut w = self.writer().await?;
+        let q = sqlx::query(
+            "UPDATE workflows SET lease_owner = NULL, lease_expires_at = NULL, next_attempt_at = $3, updated_at = $4 \
+             WHERE workflow_id = $1 AND lease_epoch = $2",
+        );
+        let done = q.bind(workflow_id).bind(epoch).bind(next_attempt_at).bind(now).execute(&mut *w).await;
+        Ok(w.check(done)?.rows_affected() == 1)
+    }
+
+    async fn release_all(&self, owner: &str, now: i64) -> Result<u64> {
+        let mut w = self.writer().await?;
+        let q = sqlx::query(
+            "UPDATE workflows SET lease_owner = NULL, lease_expires_at = NULL, next_attempt_at = $2, updated_at = $2 \
+             WHERE lease_owner = $1 AND state IN ('running', 'compensating')",
+        );
+        let done = q.bind(owner).bind(now).execute(&mut *w).await;
+        Ok(w.check(done)?.rows_affected())
+    }
+
+    async fn request_notify(&self, workflow_id: &str) -> Result<Option<WorkflowRecord>> {
+        let mut w = self.writer().await?;
+        let q = sqlx::query_as("UPDATE workflows SET notify = TRUE WHERE workflow_id = $1 RETURNING *");
+        let found = q.bind(workflow_id).fetch_optional(&mut *w).await;
+        Ok(w.check(found)?)
+    }
+
+    async fn list(&self, state: Option<&str>, before: Option<i64>, limit: i64) -> Result<Vec<WorkflowRecord>> {
+        let q = sqlx::query_as(
+            "SELECT * FROM workflows WHERE ($1 IS NULL OR state = $1) AND ($2 IS NULL OR created_at < $2) \
+             ORDER BY created_at DESC, workflow_id LIMIT $3",
+        );
+        Ok(q.bind(state).bind(before).bind(limit).fetch_all(&self.pool).await?)
+    }
+
+    async fn reopen(
+        &self,
+        workflow_id: &str,
+        from_states: &[&str],
+        how: Reopen,
+        error: Option<String>,
+        now: i64,
+    ) -> Result<Option<WorkflowRecord>> {
+        let mut tx = self.begin().await?;
+        let current = sqlx::query_as("SELECT state, compensations FROM workflows WHERE workflow_id = $1 FOR UPDATE")
+            .bind(workflow_id)
+            .fetch_optional(&mut *tx)
+            .await?;
+        let Some(plan) = common::reopen_plan(workflow_id, current, from_states, how)? else {
+            return Ok(None);
+        };
+        if let Some(cleanup) = plan.cleanup {
+            sqlx::query(cleanup_sql(cleanup)).bind(workflow_id).execute(&mut *tx).await?;
+        }
+        let row: WorkflowRecord = sqlx::query_as(
+            "UPDATE workflows SET state = $2, error = CASE WHEN $3 THEN NULL ELSE COALESCE($4, error) END, \
+             lease_owner = NULL, lease_expires_at = NULL, lease_epoch = lease_epoch + 1, \
+             next_attempt_at = $5, updated_at = $5, compensations = COALESCE($6, compensations) \
+             WHERE workflow_id = $1 RETURNING *",
+        )
+        .bind(workflow_id)
+        .bind(plan.state)
+        .bind(plan.clear_error)
+        .bind(error)
+        .bind(now)
+        .bind(plan.compensations)
+        .fetch_one(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(Some(row))
+    }
+
+    async fn listen(&self) -> Result<Option<Listener>> {
+        let mut listener = PgListener::connect_with(&self.pool).await?;
+        listener.listen(NOTIFY_CHANNEL).await?;
+        Ok(Some(Listener(ListenerInner::Postgres(listener))))
+    }
+}
