@@ -1,5 +1,5 @@
 //! Rebuilds the engine when a migration is added or changed: `sqlx::migrate!` embeds the migration folders at
 //! compile time, and cargo does not otherwise watch them.
 fn main() {
-    println!("cargo:rerun-if-changed=../migrations");
+    println!("cargo:rerun-if-changed=migrations");
 }

@@ -42,15 +42,15 @@ impl Backend {
         let unreachable = |e: onceflow_engine::Error| ConfigError(format!("database {}: {e}", redact(url)));
         if url.starts_with("postgres://") || url.starts_with("postgresql://") {
             let store = PgStore::connect(url, pool_size).await.map_err(unreachable)?;
-            store.migrate().await.map_err(unreachable)?;
+            store.migrate_payments().await.map_err(unreachable)?;
             Ok(Self::Postgres(Payments::new(store, channel, config)))
         } else if url.starts_with("sqlite:") {
             let store = SqliteStore::connect(url).await.map_err(unreachable)?;
-            store.migrate().await.map_err(unreachable)?;
+            store.migrate_payments().await.map_err(unreachable)?;
             Ok(Self::Sqlite(Payments::new(store, channel, config)))
         } else if url.starts_with("mysql://") || url.starts_with("mariadb://") {
             let store = MySqlStore::connect(url, pool_size).await.map_err(unreachable)?;
-            store.migrate().await.map_err(unreachable)?;
+            store.migrate_payments().await.map_err(unreachable)?;
             Ok(Self::MySql(Payments::new(store, channel, config)))
         } else {
             Err(ConfigError(format!(

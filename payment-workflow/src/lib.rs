@@ -8,12 +8,12 @@
 //!
 //! ```no_run
 //! use std::{sync::Arc, time::Duration};
-//! use onceflow_engine::{EngineConfig, SqliteStore, Store};
-//! use onceflow_payments::{MockChannel, PayRequest, Payments};
+//! use onceflow_engine::{EngineConfig, SqliteStore};
+//! use onceflow_payments::{MockChannel, PayRequest, PaymentStore, Payments};
 //!
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! let store = SqliteStore::connect("sqlite://pay.db").await?;
-//! store.migrate().await?;
+//! store.migrate_payments().await?;
 //! let payments = Payments::new(store, Arc::new(MockChannel::reliable()), EngineConfig::default());
 //! payments.create_order("default", "O-1", 1000, "CNY").await?;
 //! let token = payments.issue_token("default").await?;

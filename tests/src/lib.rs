@@ -10,6 +10,7 @@ use onceflow_engine::{
     BoxFuture, Compensation, Conn, Failure, Interrupt, MySqlStore, PgStore, Previous, RetryPolicy, SqliteStore,
     StepError, Store, Workflow, WorkflowContext, step,
 };
+use onceflow_payments::PaymentStore;
 use serde::{Deserialize, Serialize};
 use tokio::sync::{Mutex, mpsc};
 
@@ -107,7 +108,7 @@ impl_test_db!(MySqlStore, sqlx::MySqlPool, "BIGINT AUTO_INCREMENT PRIMARY KEY", 
 pub async fn sqlite_store() -> anyhow::Result<SqliteStore> {
     let path = std::env::temp_dir().join(format!("onceflow-test-{}.db", uuid::Uuid::new_v4()));
     let store = SqliteStore::connect(&format!("sqlite://{}", path.display())).await?;
-    store.migrate().await?;
+    store.migrate_payments().await?;
     store.create_effects().await?;
     Ok(store)
 }
@@ -123,7 +124,7 @@ pub async fn pg_url() -> anyhow::Result<Option<String>> {
     admin.pool().close().await;
     let url = with_database(&base, &name, "DATABASE_URL")?;
     let store = PgStore::connect(&url, 4).await?;
-    store.migrate().await?;
+    store.migrate_payments().await?;
     store.create_effects().await?;
     store.pool().close().await;
     Ok(Some(url))
@@ -141,7 +142,7 @@ pub async fn mysql_url() -> anyhow::Result<Option<String>> {
     admin.pool().close().await;
     let url = with_database(&base, &name, "MYSQL_URL")?;
     let store = MySqlStore::connect(&url, 4).await?;
-    store.migrate().await?;
+    store.migrate_payments().await?;
     store.create_effects().await?;
     store.pool().close().await;
     Ok(Some(url))

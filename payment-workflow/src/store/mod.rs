@@ -67,6 +67,9 @@ fn engine_error(e: onceflow_engine::Error) -> sqlx::Error {
 /// The saga's phases take the workflow's context: each backend runs them as it runs best, with the same steps,
 /// outputs and rows on every backend. Functions taking a connection run inside a step's transaction.
 pub trait PaymentStore: Store {
+    /// Applies the engine's migrations, then the payment tables' (this crate's `migrations/<backend>/`).
+    fn migrate_payments(&self) -> impl Future<Output = Result<(), onceflow_engine::Error>> + Send;
+
     /// Phase 1: token `issued → in_use` bound to the request, the record inserted (only once the token is
     /// claimed), the order `pending → paying` reserved by this payment (only once the record is inserted).
     /// The reservation, or `None` when the record's `request_no` is taken. Unless the token is claimed and the

@@ -8,7 +8,18 @@ use super::{PaymentStore, Reserve, ReserveSteps, Sql, TokenCheck, engine_error};
 use crate::model::{Order, PaymentRecord, StoredResponse, TokenRecord};
 use crate::saga::PaymentInput;
 
+/// The payment tables' embedded Postgres migrations (the engine migrates its own tables, with versions of
+/// their own in the same history).
+pub static MIGRATOR: sqlx::migrate::Migrator =
+    sqlx::migrate::Migrator { ignore_missing: true, ..sqlx::migrate!("migrations/postgres") };
+
 impl PaymentStore for PgStore {
+    async fn migrate_payments(&self) -> Result<(), onceflow_engine::Error> {
+        self.migrate().await?;
+        MIGRATOR.run(self.write_pool()).await?;
+        Ok(())
+    }
+
     async fn reserve(
         ctx: &mut WorkflowContext<Self>,
         input: &PaymentInput,

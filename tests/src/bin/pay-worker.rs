@@ -27,7 +27,7 @@ async fn main() -> anyhow::Result<()> {
 }
 
 async fn run<S: PaymentStore>(store: S, channel: &str, token: &str, request: &PayRequest) -> anyhow::Result<()> {
-    store.migrate().await?;
+    store.migrate_payments().await?;
     let channel = Arc::new(HttpChannel::new(channel, Duration::from_secs(10))?);
     let config = EngineConfig {
         lease: Duration::from_millis(500),

@@ -19,7 +19,18 @@ fn inserted(result: Result<sqlx::mysql::MySqlQueryResult, sqlx::Error>) -> Resul
     }
 }
 
+/// The payment tables' embedded MySQL migrations (the engine migrates its own tables, with versions of
+/// their own in the same history).
+pub static MIGRATOR: sqlx::migrate::Migrator =
+    sqlx::migrate::Migrator { ignore_missing: true, ..sqlx::migrate!("migrations/mysql") };
+
 impl PaymentStore for MySqlStore {
+    async fn migrate_payments(&self) -> Result<(), onceflow_engine::Error> {
+        self.migrate().await?;
+        MIGRATOR.run(self.write_pool()).await?;
+        Ok(())
+    }
+
     async fn reserve(
         ctx: &mut WorkflowContext<Self>,
         input: &PaymentInput,
