@@ -12,93 +12,21 @@
 //! commands through `onceflow consume` on a RabbitMQ broker (`AMQP_URL`, default the local guest one).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use onceflow_engine::{EngineConfig, MySqlStore, PgStore, SqliteStore, Store};
 use onceflow_payments::{MockChannel, PayRequest, PaymentStore, Payments};
 use onceflow_tests::baseline::{checkpoint, fresh_db, pgbench};
 
+#[path = "onceflow-bench/measure.rs"]
+mod measure;
 #[path = "onceflow-bench/mq.rs"]
 mod mq;
 #[path = "onceflow-bench/options.rs"]
 mod options;
 
+use measure::{Run, drive};
 use options::Options;
-
-/// What one scenario measured.
-struct Run {
-    name: &'static str,
-    done: u64,
-    secs: f64,
-    latencies_us: Vec<u64>,
-    rss_kib: Option<u64>,
-}
-
-impl Run {
-    fn rate(&self) -> f64 {
-        self.done as f64 / self.secs
-    }
-
-    fn percentile_ms(&self, p: f64) -> f64 {
-        if self.latencies_us.is_empty() {
-            return 0.0;
-        }
-        let mut v = self.latencies_us.clone();
-        v.sort_unstable();
-        let i = ((v.len() as f64 * p).ceil() as usize).clamp(1, v.len()) - 1;
-        v[i] as f64 / 1000.0
-    }
-}
-
-/// Drives `pay(n)` for n in 1..=count with `concurrency` tasks (stopping at `duration`), with a progress line.
-async fn drive<F, Fut>(name: &'static str, o: &Options, pay: F) -> anyhow::Result<Run>
-where
-    F: Fn(u64) -> Fut + Send + Sync + 'static,
-    Fut: std::future::Future<Output = anyhow::Result<()>> + Send,
-{
-    let pay = Arc::new(pay);
-    let next = Arc::new(AtomicU64::new(1));
-    let done = Arc::new(AtomicU64::new(0));
-    let started = Instant::now();
-    let deadline = started + o.duration;
-    let mut tasks = Vec::new();
-    for _ in 0..o.concurrency {
-        let (pay, next, done, count) = (pay.clone(), next.clone(), done.clone(), o.count);
-        tasks.push(tokio::spawn(async move {
-            let mut latencies = Vec::new();
-            loop {
-                let n = next.fetch_add(1, Ordering::Relaxed);
-                if n > count || Instant::now() >= deadline {
-                    return Ok::<_, anyhow::Error>(latencies);
-                }
-                let t = Instant::now();
-                pay(n).await?;
-                latencies.push(u64::try_from(t.elapsed().as_micros()).unwrap_or(u64::MAX));
-                done.fetch_add(1, Ordering::Relaxed);
-            }
-        }));
-    }
-    let progress = {
-        let done = done.clone();
-        let count = o.count;
-        tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(Duration::from_secs(2)).await;
-                let n = done.load(Ordering::Relaxed);
-                let rate = n as f64 / started.elapsed().as_secs_f64();
-                eprintln!("  {name}: {n}/{count} payments, {rate:.0}/s");
-            }
-        })
-    };
-    let mut latencies_us = Vec::new();
-    for t in tasks {
-        latencies_us.extend(t.await??);
-    }
-    progress.abort();
-    let secs = started.elapsed().as_secs_f64();
-    Ok(Run { name, done: done.load(Ordering::Relaxed), secs, latencies_us, rss_kib: None })
-}
 
 /// `count` pending orders `o1..` and unused tokens `tok1..` for tenant `default`.
 const SEED_SQL: [&str; 2] = [

@@ -14,8 +14,8 @@ use lapin::types::FieldTable;
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 use tokio::sync::oneshot;
 
+use super::measure::{Run, drive};
 use super::options::Options;
-use super::{Run, drive};
 
 type Waiting = Arc<Mutex<HashMap<String, oneshot::Sender<Vec<u8>>>>>;
 
