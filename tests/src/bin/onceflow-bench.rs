@@ -11,13 +11,13 @@
 //! `CREATE DATABASE`), the library and HTTP scenarios also run on MySQL / MariaDB. `mq/postgres`: payment
 //! commands through `onceflow consume` on a RabbitMQ broker (`AMQP_URL`, default the local guest one).
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use onceflow_engine::{EngineConfig, MySqlStore, PgStore, SqliteStore, Store};
-use onceflow_payments::{MockChannel, PayRequest, PaymentStore, Payments};
+use onceflow_engine::{MySqlStore, SqliteStore, Store};
 use onceflow_tests::baseline::{fresh_db, pgbench};
 
+#[path = "onceflow-bench/library.rs"]
+mod library;
 #[path = "onceflow-bench/measure.rs"]
 mod measure;
 #[path = "onceflow-bench/mq.rs"]
@@ -30,26 +30,6 @@ mod seed;
 use measure::{Run, drive};
 use options::Options;
 use seed::{fresh_mysql_db, remove_sqlite, seed_mysql, seed_pg, seed_sqlite};
-
-fn request(n: u64) -> PayRequest {
-    PayRequest { order_no: format!("o{n}"), amount: 1000, currency: "CNY".into(), request_no: None }
-}
-
-/// Payments through the service as a library: the engine, the saga and the in-process mock channel.
-async fn library<S: PaymentStore>(name: &'static str, store: S, o: &Options) -> anyhow::Result<Run> {
-    let payments = Payments::new(store, Arc::new(MockChannel::reliable()), EngineConfig::default());
-    drive(name, o, move |n| {
-        let payments = payments.clone();
-        async move {
-            let r = payments
-                .pay("default", &format!("tok{n}"), "/v1/payments", &request(n), Duration::from_secs(30))
-                .await?;
-            anyhow::ensure!(r.status == 201, "payment {n}: {} {}", r.status, r.body);
-            Ok(())
-        }
-    })
-    .await
-}
 
 struct Server {
     child: std::process::Child,
@@ -199,15 +179,6 @@ fn print(runs: &[Run], seed: f64, floor: f64) {
     }
 }
 
-/// The payment service as a library on a fresh Postgres database.
-async fn library_pg(base: &str, pool_size: u32, o: &Options) -> anyhow::Result<Run> {
-    let url = fresh_db(base, "onceflow_bench_library")?;
-    let store = PgStore::connect(&url, pool_size).await?;
-    store.migrate().await?;
-    seed_pg(&url, o.count).await?;
-    library("library/postgres", store, o).await
-}
-
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let o = options::parse()?;
@@ -226,13 +197,13 @@ async fn main() -> anyhow::Result<()> {
     let mut runs = Vec::new();
     let mut paired = Vec::new();
     if o.wants("library/postgres") {
-        let run = library_pg(&base, pool_size, &o).await?;
+        let run = library::postgres(&base, pool_size, &o).await?;
         paired.push(run.rate() / floor);
         runs.push(run);
         for round in 2..=o.rounds {
             eprintln!("paired round {round}/{}: floor_pay, then library/postgres", o.rounds);
             let floor = pgbench(&base, "floor_pay.pgbench", o.concurrency, per_client)?;
-            paired.push(library_pg(&base, pool_size, &o).await?.rate() / floor);
+            paired.push(library::postgres(&base, pool_size, &o).await?.rate() / floor);
         }
     }
 
@@ -260,7 +231,7 @@ async fn main() -> anyhow::Result<()> {
         let store = SqliteStore::connect(&url).await?;
         store.migrate().await?;
         seed_sqlite(&url, o.count).await?;
-        runs.push(library("library/sqlite", store, &o).await?);
+        runs.push(library::run("library/sqlite", store, &o).await?);
         remove_sqlite(&path);
     }
 
@@ -282,7 +253,7 @@ async fn main() -> anyhow::Result<()> {
                 let store = MySqlStore::connect(&url, pool_size).await?;
                 store.migrate().await?;
                 seed_mysql(&url, o.count).await?;
-                runs.push(library("library/mysql", store, &o).await?);
+                runs.push(library::run("library/mysql", store, &o).await?);
             }
             if o.wants("http/mysql") {
                 let url = fresh_mysql_db(&mysql_base, "onceflow_bench_http").await?;
