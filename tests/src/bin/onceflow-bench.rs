@@ -24,55 +24,12 @@ mod measure;
 mod mq;
 #[path = "onceflow-bench/options.rs"]
 mod options;
+#[path = "onceflow-bench/report.rs"]
+mod report;
 #[path = "onceflow-bench/seed.rs"]
 mod seed;
 
-use measure::Run;
 use seed::{fresh_mysql_db, remove_sqlite, seed_mysql, seed_pg, seed_sqlite};
-
-fn print(runs: &[Run], seed: f64, floor: f64) {
-    println!();
-    println!(
-        "{:<20} {:>9} {:>11} {:>9} {:>9} {:>9} {:>9} {:>10}",
-        "scenario", "payments", "payments/s", "p50 ms", "p99 ms", "x floor", "x seed", "peak RSS"
-    );
-    println!(
-        "{:<20} {:>9} {:>11.0} {:>9} {:>9} {:>9.2} {:>9.2} {:>10}",
-        "seed_pay (pgbench)",
-        "",
-        seed,
-        "",
-        "",
-        seed / floor,
-        1.0,
-        ""
-    );
-    println!(
-        "{:<20} {:>9} {:>11.0} {:>9} {:>9} {:>9.2} {:>9.2} {:>10}",
-        "floor_pay (pgbench)",
-        "",
-        floor,
-        "",
-        "",
-        1.0,
-        floor / seed,
-        ""
-    );
-    for r in runs {
-        let rss = r.rss_kib.map_or(String::new(), |k| format!("{:.0} MiB", k as f64 / 1024.0));
-        println!(
-            "{:<20} {:>9} {:>11.0} {:>9.1} {:>9.1} {:>9.2} {:>9.2} {:>10}",
-            r.name,
-            r.done,
-            r.rate(),
-            r.percentile_ms(0.50),
-            r.percentile_ms(0.99),
-            r.rate() / floor,
-            r.rate() / seed,
-            rss
-        );
-    }
-}
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -160,25 +117,8 @@ async fn main() -> anyhow::Result<()> {
         Err(_) => eprintln!("MYSQL_URL is not set: no MySQL scenarios"),
     }
 
-    print(&runs, seed, floor);
-    if paired.len() > 1 {
-        let shown: Vec<String> = paired.iter().map(|r| format!("{r:.2}")).collect();
-        paired.sort_by(f64::total_cmp);
-        println!(
-            "\nlibrary/postgres x floor_pay in {} paired rounds: {} (median {:.2})",
-            paired.len(),
-            shown.join(", "),
-            paired[paired.len() / 2]
-        );
-    }
-    for (backend, (storm_time, storm_charges)) in stormed {
-        println!(
-            "\n{backend}: {} concurrent requests with one token: all answered identically in {:.0} ms, {} channel \
-             charge call(s)",
-            o.storm,
-            storm_time.as_secs_f64() * 1000.0,
-            storm_charges
-        );
-    }
+    report::table(&runs, seed, floor);
+    report::paired(paired);
+    report::storms(stormed, o.storm);
     Ok(())
 }
