@@ -17,7 +17,24 @@ import sqlite3
 import tempfile
 import time
 
-MIGRATIONS = os.path.join(os.path.dirname(__file__), "..", "..", "migrations", "sqlite")
+ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
+# onceflow's SQLite schema: the engine's and the payment service's migration folders, or, where neither exists
+# (before they were split by crate), the one folder they shared.
+SPLIT_MIGRATIONS = [
+    os.path.join(ROOT, "engine", "migrations", "sqlite"),
+    os.path.join(ROOT, "payment-workflow", "migrations", "sqlite"),
+]
+SHARED_MIGRATIONS = os.path.join(ROOT, "migrations", "sqlite")
+
+
+def migrations():
+    """The `*.sql` files of the migration folders, in file-name order across them (the order of their versions)."""
+    folders = [f for f in SPLIT_MIGRATIONS if os.path.isdir(f)] or [SHARED_MIGRATIONS]
+    files = sorted((name, os.path.join(folder, name)) for folder in folders for name in os.listdir(folder)
+                   if name.endswith(".sql"))
+    if not files:
+        raise SystemExit(f"no *.sql migrations in {', '.join(folders)}")
+    return [path for _, path in files]
 
 
 def main():
@@ -29,8 +46,8 @@ def main():
     c = sqlite3.connect(path, isolation_level=None)
     c.execute("PRAGMA journal_mode = WAL")
     c.execute("PRAGMA synchronous = FULL")
-    for name in sorted(os.listdir(MIGRATIONS)):
-        c.executescript(open(os.path.join(MIGRATIONS, name)).read())
+    for migration in migrations():
+        c.executescript(open(migration).read())
     c.execute("BEGIN")
     for n in range(args.count):
         c.execute("INSERT INTO orders VALUES ('default', ?, 1000, 'CNY', 'pending', 0, 0, 0, NULL)", (f"o{n}",))

@@ -11,410 +11,29 @@
 //! `CREATE DATABASE`), the library and HTTP scenarios also run on MySQL / MariaDB. `mq/postgres`: payment
 //! commands through `onceflow consume` on a RabbitMQ broker (`AMQP_URL`, default the local guest one).
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use onceflow_engine::{MySqlStore, SqliteStore, Store};
+use onceflow_tests::baseline::{fresh_db, pgbench};
 
-use onceflow_engine::{EngineConfig, MySqlStore, PgStore, SqliteStore, Store};
-use onceflow_payments::{MockChannel, PayRequest, PaymentStore, Payments};
-use onceflow_tests::baseline::{checkpoint, fresh_db, pgbench};
-
+#[path = "onceflow-bench/http.rs"]
+mod http;
+#[path = "onceflow-bench/library.rs"]
+mod library;
+#[path = "onceflow-bench/measure.rs"]
+mod measure;
 #[path = "onceflow-bench/mq.rs"]
 mod mq;
+#[path = "onceflow-bench/options.rs"]
+mod options;
+#[path = "onceflow-bench/report.rs"]
+mod report;
+#[path = "onceflow-bench/seed.rs"]
+mod seed;
 
-struct Options {
-    concurrency: u64,
-    count: u64,
-    duration: Duration,
-    storm: u64,
-    /// Run only the scenarios whose name starts with this (`library`, `http/sqlite`, …; several: comma-separated);
-    /// the baselines always run.
-    only: Option<String>,
-    /// Connections of the library scenarios' Postgres and MySQL pools (`serve` keeps its default).
-    pool: Option<u32>,
-    /// Times `floor_pay` and `library/postgres` run back to back, for the median of their paired ratios.
-    rounds: u64,
-}
-
-impl Options {
-    fn wants(&self, scenario: &str) -> bool {
-        self.only.as_deref().is_none_or(|only| only.split(',').any(|p| scenario.starts_with(p)))
-    }
-}
-
-fn options() -> anyhow::Result<Options> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let mut o = Options {
-        concurrency: 16,
-        count: 8000,
-        duration: Duration::from_secs(60),
-        storm: 1000,
-        only: None,
-        pool: None,
-        rounds: 1,
-    };
-    let mut i = 0;
-    while i < args.len() {
-        let value = args.get(i + 1).and_then(|v| v.parse::<u64>().ok());
-        match (args[i].as_str(), value) {
-            ("--concurrency", Some(v)) => o.concurrency = v.max(1),
-            ("--count", Some(v)) => o.count = v.max(1),
-            ("--duration-secs", Some(v)) => o.duration = Duration::from_secs(v.max(1)),
-            ("--storm", Some(v)) => o.storm = v.max(1),
-            ("--only", _) if i + 1 < args.len() => o.only = Some(args[i + 1].clone()),
-            ("--pool", Some(v)) => o.pool = Some(u32::try_from(v)?.max(2)),
-            ("--rounds", Some(v)) => o.rounds = v.max(1),
-            ("--help" | "-h", _) => {
-                println!(
-                    "onceflow-bench [--concurrency 16] [--count 8000] [--duration-secs 60] [--storm 1000] \
-                     [--only library|http|mq|http/postgres,mq/postgres|…] [--pool CONNECTIONS] [--rounds 1]"
-                );
-                std::process::exit(0);
-            }
-            (other, _) => anyhow::bail!("unknown or incomplete option {other} (see --help)"),
-        }
-        i += 2;
-    }
-    Ok(o)
-}
-
-/// What one scenario measured.
-struct Run {
-    name: &'static str,
-    done: u64,
-    secs: f64,
-    latencies_us: Vec<u64>,
-    rss_kib: Option<u64>,
-}
-
-impl Run {
-    fn rate(&self) -> f64 {
-        self.done as f64 / self.secs
-    }
-
-    fn percentile_ms(&self, p: f64) -> f64 {
-        if self.latencies_us.is_empty() {
-            return 0.0;
-        }
-        let mut v = self.latencies_us.clone();
-        v.sort_unstable();
-        let i = ((v.len() as f64 * p).ceil() as usize).clamp(1, v.len()) - 1;
-        v[i] as f64 / 1000.0
-    }
-}
-
-/// Drives `pay(n)` for n in 1..=count with `concurrency` tasks (stopping at `duration`), with a progress line.
-async fn drive<F, Fut>(name: &'static str, o: &Options, pay: F) -> anyhow::Result<Run>
-where
-    F: Fn(u64) -> Fut + Send + Sync + 'static,
-    Fut: std::future::Future<Output = anyhow::Result<()>> + Send,
-{
-    let pay = Arc::new(pay);
-    let next = Arc::new(AtomicU64::new(1));
-    let done = Arc::new(AtomicU64::new(0));
-    let started = Instant::now();
-    let deadline = started + o.duration;
-    let mut tasks = Vec::new();
-    for _ in 0..o.concurrency {
-        let (pay, next, done, count) = (pay.clone(), next.clone(), done.clone(), o.count);
-        tasks.push(tokio::spawn(async move {
-            let mut latencies = Vec::new();
-            loop {
-                let n = next.fetch_add(1, Ordering::Relaxed);
-                if n > count || Instant::now() >= deadline {
-                    return Ok::<_, anyhow::Error>(latencies);
-                }
-                let t = Instant::now();
-                pay(n).await?;
-                latencies.push(u64::try_from(t.elapsed().as_micros()).unwrap_or(u64::MAX));
-                done.fetch_add(1, Ordering::Relaxed);
-            }
-        }));
-    }
-    let progress = {
-        let done = done.clone();
-        let count = o.count;
-        tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(Duration::from_secs(2)).await;
-                let n = done.load(Ordering::Relaxed);
-                let rate = n as f64 / started.elapsed().as_secs_f64();
-                eprintln!("  {name}: {n}/{count} payments, {rate:.0}/s");
-            }
-        })
-    };
-    let mut latencies_us = Vec::new();
-    for t in tasks {
-        latencies_us.extend(t.await??);
-    }
-    progress.abort();
-    let secs = started.elapsed().as_secs_f64();
-    Ok(Run { name, done: done.load(Ordering::Relaxed), secs, latencies_us, rss_kib: None })
-}
-
-/// `count` pending orders `o1..` and unused tokens `tok1..` for tenant `default`.
-const SEED_SQL: [&str; 2] = [
-    "INSERT INTO orders (tenant, order_no, amount, currency, status, version, created_at, updated_at) \
-     SELECT 'default', 'o' || g, 1000, 'CNY', 'pending', 0, 0, 0 FROM generate_series(1, $1) g",
-    "INSERT INTO idempotency_tokens (token, tenant, state, created_at, expires_at, updated_at) \
-     SELECT 'tok' || g, 'default', 'issued', 0, 9000000000000, 0 FROM generate_series(1, $1) g",
-];
-
-async fn seed_pg(url: &str, count: u64) -> anyhow::Result<()> {
-    let pool = sqlx::PgPool::connect(url).await?;
-    for sql in SEED_SQL {
-        sqlx::query(sql).bind(i64::try_from(count)?).execute(&pool).await?;
-    }
-    // As the baselines' `schema.sql` does after loading: the seeded rows then read as they would in a database
-    // that had been running (visibility known, statistics gathered) instead of freshly bulk-loaded; and a
-    // checkpoint, as before each baseline run.
-    sqlx::query("VACUUM ANALYZE").execute(&pool).await?;
-    checkpoint(url)?;
-    Ok(())
-}
-
-async fn seed_sqlite(url: &str, count: u64) -> anyhow::Result<()> {
-    let pool = sqlx::SqlitePool::connect(url).await?;
-    let mut tx = pool.begin().await?;
-    for n in 1..=count {
-        sqlx::query(
-            "INSERT INTO orders (tenant, order_no, amount, currency, status, version, created_at, updated_at) \
-             VALUES ('default', $1, 1000, 'CNY', 'pending', 0, 0, 0)",
-        )
-        .bind(format!("o{n}"))
-        .execute(&mut *tx)
-        .await?;
-        sqlx::query("INSERT INTO idempotency_tokens (token, tenant, state, created_at, expires_at, updated_at) VALUES ($1, 'default', 'issued', 0, 9000000000000, 0)")
-            .bind(format!("tok{n}"))
-            .execute(&mut *tx)
-            .await?;
-    }
-    tx.commit().await?;
-    Ok(())
-}
-
-fn request(n: u64) -> PayRequest {
-    PayRequest { order_no: format!("o{n}"), amount: 1000, currency: "CNY".into(), request_no: None }
-}
-
-/// `count` pending orders and unused tokens on MySQL, in batches (MySQL has no `generate_series`).
-async fn seed_mysql(url: &str, count: u64) -> anyhow::Result<()> {
-    let pool = sqlx::MySqlPool::connect(url).await?;
-    let mut n = 1;
-    while n <= count {
-        let last = (n + 999).min(count);
-        let (mut orders, mut tokens) = (Vec::new(), Vec::new());
-        for i in n..=last {
-            orders.push(format!("('default', 'o{i}', 1000, 'CNY', 'pending', 0, 0, 0)"));
-            tokens.push(format!("('tok{i}', 'default', 'issued', 0, 9000000000000, 0)"));
-        }
-        let orders = format!(
-            "INSERT INTO orders (tenant, order_no, amount, currency, status, version, created_at, updated_at) VALUES {}",
-            orders.join(", ")
-        );
-        let tokens = format!(
-            "INSERT INTO idempotency_tokens (token, tenant, state, created_at, expires_at, updated_at) VALUES {}",
-            tokens.join(", ")
-        );
-        sqlx::query(sqlx::AssertSqlSafe(orders)).execute(&pool).await?;
-        sqlx::query(sqlx::AssertSqlSafe(tokens)).execute(&pool).await?;
-        n = last + 1;
-    }
-    Ok(())
-}
-
-/// A fresh MySQL database `name` on `base`'s server; returns its URL.
-async fn fresh_mysql_db(base: &str, name: &str) -> anyhow::Result<String> {
-    let pool = sqlx::MySqlPool::connect(base).await?;
-    sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS {name}"))).execute(&pool).await?;
-    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}"))).execute(&pool).await?;
-    let server = base.rsplit_once('/').map_or(base, |(s, _)| s);
-    Ok(format!("{server}/{name}"))
-}
-
-/// Payments through the service as a library: the engine, the saga and the in-process mock channel.
-async fn library<S: PaymentStore>(name: &'static str, store: S, o: &Options) -> anyhow::Result<Run> {
-    let payments = Payments::new(store, Arc::new(MockChannel::reliable()), EngineConfig::default());
-    drive(name, o, move |n| {
-        let payments = payments.clone();
-        async move {
-            let r = payments
-                .pay("default", &format!("tok{n}"), "/v1/payments", &request(n), Duration::from_secs(30))
-                .await?;
-            anyhow::ensure!(r.status == 201, "payment {n}: {} {}", r.status, r.body);
-            Ok(())
-        }
-    })
-    .await
-}
-
-struct Server {
-    child: std::process::Child,
-    base: String,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Server {
-    fn peak_rss_kib(&self) -> Option<u64> {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).ok()?;
-        status.lines().find_map(|l| l.strip_prefix("VmHWM:")).and_then(|v| v.split_whitespace().next()?.parse().ok())
-    }
-}
-
-async fn serve(database_url: &str) -> anyhow::Result<Server> {
-    let exe = std::env::current_exe()?.with_file_name("onceflow");
-    anyhow::ensure!(exe.exists(), "{} not found: run `cargo build --release --workspace` first", exe.display());
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-    let child = std::process::Command::new(exe)
-        .args([
-            "serve",
-            "--database-url",
-            database_url,
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-            "--channel-url",
-            "mock",
-        ])
-        .env("RUST_LOG", "warn")
-        .stdout(std::process::Stdio::null())
-        .spawn()?;
-    let server = Server { child, base: format!("http://127.0.0.1:{port}") };
-    let started = Instant::now();
-    while reqwest::get(format!("{}/healthz", server.base)).await.is_err() {
-        anyhow::ensure!(started.elapsed() < Duration::from_secs(30), "serve did not come up");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    Ok(server)
-}
-
-async fn http(name: &'static str, server: &Server, o: &Options) -> anyhow::Result<Run> {
-    let client = reqwest::Client::builder().pool_max_idle_per_host(usize::try_from(o.concurrency)?).build()?;
-    let base = server.base.clone();
-    let mut run = drive(name, o, move |n| {
-        let (client, base) = (client.clone(), base.clone());
-        async move {
-            let r = client
-                .post(format!("{base}/v1/payments"))
-                .header("idempotency-key", format!("tok{n}"))
-                .json(&serde_json::json!({"order_no": format!("o{n}"), "amount": 1000, "currency": "CNY"}))
-                .send()
-                .await?;
-            anyhow::ensure!(r.status() == 201, "payment {n}: {}", r.status());
-            Ok(())
-        }
-    })
-    .await?;
-    run.rss_kib = server.peak_rss_kib();
-    Ok(run)
-}
-
-async fn channel_calls(base: &str) -> anyhow::Result<f64> {
-    let text = reqwest::get(format!("{base}/metrics")).await?.text().await?;
-    Ok(text
-        .lines()
-        .filter(|l| l.starts_with("onceflow_channel_calls_total"))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum())
-}
-
-/// `storm` concurrent requests with one token: one charge, every answer identical.
-async fn storm(server: &Server, o: &Options) -> anyhow::Result<(Duration, usize)> {
-    let client = reqwest::Client::new();
-    let base = &server.base;
-    let order = serde_json::json!({"order_no": "storm", "amount": 1000, "currency": "CNY"});
-    client.post(format!("{base}/v1/orders")).json(&order).send().await?;
-    let token: serde_json::Value = client.post(format!("{base}/v1/tokens")).send().await?.json().await?;
-    let token = token["token"].as_str().unwrap_or_default().to_owned();
-    let calls_before = channel_calls(base).await?;
-    let started = Instant::now();
-    let mut tasks = Vec::new();
-    for _ in 0..o.storm {
-        let (client, base, token, order) = (client.clone(), base.clone(), token.clone(), order.clone());
-        tasks.push(tokio::spawn(async move {
-            let r =
-                client.post(format!("{base}/v1/payments")).header("idempotency-key", token).json(&order).send().await?;
-            Ok::<_, anyhow::Error>((r.status().as_u16(), r.text().await?))
-        }));
-    }
-    let mut answers = Vec::new();
-    for t in tasks {
-        answers.push(t.await??);
-    }
-    let elapsed = started.elapsed();
-    anyhow::ensure!(answers.iter().all(|a| a.0 == 201 && a.1 == answers[0].1), "storm answers differ");
-    let charges = channel_calls(base).await? - calls_before;
-    Ok((elapsed, charges as usize))
-}
-
-fn print(runs: &[Run], seed: f64, floor: f64) {
-    println!();
-    println!(
-        "{:<20} {:>9} {:>11} {:>9} {:>9} {:>9} {:>9} {:>10}",
-        "scenario", "payments", "payments/s", "p50 ms", "p99 ms", "x floor", "x seed", "peak RSS"
-    );
-    println!(
-        "{:<20} {:>9} {:>11.0} {:>9} {:>9} {:>9.2} {:>9.2} {:>10}",
-        "seed_pay (pgbench)",
-        "",
-        seed,
-        "",
-        "",
-        seed / floor,
-        1.0,
-        ""
-    );
-    println!(
-        "{:<20} {:>9} {:>11.0} {:>9} {:>9} {:>9.2} {:>9.2} {:>10}",
-        "floor_pay (pgbench)",
-        "",
-        floor,
-        "",
-        "",
-        1.0,
-        floor / seed,
-        ""
-    );
-    for r in runs {
-        let rss = r.rss_kib.map_or(String::new(), |k| format!("{:.0} MiB", k as f64 / 1024.0));
-        println!(
-            "{:<20} {:>9} {:>11.0} {:>9.1} {:>9.1} {:>9.2} {:>9.2} {:>10}",
-            r.name,
-            r.done,
-            r.rate(),
-            r.percentile_ms(0.50),
-            r.percentile_ms(0.99),
-            r.rate() / floor,
-            r.rate() / seed,
-            rss
-        );
-    }
-}
-
-/// The payment service as a library on a fresh Postgres database.
-async fn library_pg(base: &str, pool_size: u32, o: &Options) -> anyhow::Result<Run> {
-    let url = fresh_db(base, "onceflow_bench_library")?;
-    let store = PgStore::connect(&url, pool_size).await?;
-    store.migrate().await?;
-    seed_pg(&url, o.count).await?;
-    library("library/postgres", store, o).await
-}
-
-/// Removes an SQLite database and its WAL files.
-fn remove_sqlite(path: &std::path::Path) {
-    for suffix in ["", "-wal", "-shm"] {
-        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
-    }
-}
+use seed::{fresh_mysql_db, remove_sqlite, seed_mysql, seed_pg, seed_sqlite};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let o = options()?;
+    let o = options::parse()?;
     let base = std::env::var("DATABASE_URL")
         .map_err(|_| anyhow::anyhow!("set DATABASE_URL=postgres://… (a database whose user may CREATE DATABASE)"))?;
     let per_client = (o.count / o.concurrency).max(1);
@@ -430,23 +49,23 @@ async fn main() -> anyhow::Result<()> {
     let mut runs = Vec::new();
     let mut paired = Vec::new();
     if o.wants("library/postgres") {
-        let run = library_pg(&base, pool_size, &o).await?;
+        let run = library::postgres(&base, pool_size, &o).await?;
         paired.push(run.rate() / floor);
         runs.push(run);
         for round in 2..=o.rounds {
             eprintln!("paired round {round}/{}: floor_pay, then library/postgres", o.rounds);
             let floor = pgbench(&base, "floor_pay.pgbench", o.concurrency, per_client)?;
-            paired.push(library_pg(&base, pool_size, &o).await?.rate() / floor);
+            paired.push(library::postgres(&base, pool_size, &o).await?.rate() / floor);
         }
     }
 
     let mut stormed = Vec::new();
     if o.wants("http/postgres") {
         let pg_url = fresh_db(&base, "onceflow_bench_http")?;
-        let pg = serve(&pg_url).await?;
+        let pg = http::serve(&pg_url).await?;
         seed_pg(&pg_url, o.count).await?;
-        runs.push(http("http/postgres", &pg, &o).await?);
-        stormed.push(("Postgres", storm(&pg, &o).await?));
+        runs.push(http::run("http/postgres", &pg, &o).await?);
+        stormed.push(("Postgres", http::storm(&pg, &o).await?));
     }
 
     if o.wants("mq/postgres") {
@@ -464,17 +83,17 @@ async fn main() -> anyhow::Result<()> {
         let store = SqliteStore::connect(&url).await?;
         store.migrate().await?;
         seed_sqlite(&url, o.count).await?;
-        runs.push(library("library/sqlite", store, &o).await?);
+        runs.push(library::run("library/sqlite", store, &o).await?);
         remove_sqlite(&path);
     }
 
     if o.wants("http/sqlite") {
         let path = std::env::temp_dir().join(format!("onceflow-bench-{}.db", std::process::id()));
         let sqlite_url = format!("sqlite://{}", path.display());
-        let sqlite = serve(&sqlite_url).await?;
+        let sqlite = http::serve(&sqlite_url).await?;
         seed_sqlite(&sqlite_url, o.count).await?;
-        runs.push(http("http/sqlite", &sqlite, &o).await?);
-        stormed.push(("SQLite", storm(&sqlite, &o).await?));
+        runs.push(http::run("http/sqlite", &sqlite, &o).await?);
+        stormed.push(("SQLite", http::storm(&sqlite, &o).await?));
         drop(sqlite);
         remove_sqlite(&path);
     }
@@ -486,37 +105,20 @@ async fn main() -> anyhow::Result<()> {
                 let store = MySqlStore::connect(&url, pool_size).await?;
                 store.migrate().await?;
                 seed_mysql(&url, o.count).await?;
-                runs.push(library("library/mysql", store, &o).await?);
+                runs.push(library::run("library/mysql", store, &o).await?);
             }
             if o.wants("http/mysql") {
                 let url = fresh_mysql_db(&mysql_base, "onceflow_bench_http").await?;
-                let server = serve(&url).await?;
+                let server = http::serve(&url).await?;
                 seed_mysql(&url, o.count).await?;
-                runs.push(http("http/mysql", &server, &o).await?);
+                runs.push(http::run("http/mysql", &server, &o).await?);
             }
         }
         Err(_) => eprintln!("MYSQL_URL is not set: no MySQL scenarios"),
     }
 
-    print(&runs, seed, floor);
-    if paired.len() > 1 {
-        let shown: Vec<String> = paired.iter().map(|r| format!("{r:.2}")).collect();
-        paired.sort_by(f64::total_cmp);
-        println!(
-            "\nlibrary/postgres x floor_pay in {} paired rounds: {} (median {:.2})",
-            paired.len(),
-            shown.join(", "),
-            paired[paired.len() / 2]
-        );
-    }
-    for (backend, (storm_time, storm_charges)) in stormed {
-        println!(
-            "\n{backend}: {} concurrent requests with one token: all answered identically in {:.0} ms, {} channel \
-             charge call(s)",
-            o.storm,
-            storm_time.as_secs_f64() * 1000.0,
-            storm_charges
-        );
-    }
+    report::table(&runs, seed, floor);
+    report::paired(paired);
+    report::storms(stormed, o.storm);
     Ok(())
 }

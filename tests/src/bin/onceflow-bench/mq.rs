@@ -14,7 +14,8 @@ use lapin::types::FieldTable;
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 use tokio::sync::oneshot;
 
-use super::{Options, Run, drive};
+use super::measure::{Run, drive};
+use super::options::Options;
 
 type Waiting = Arc<Mutex<HashMap<String, oneshot::Sender<Vec<u8>>>>>;
 

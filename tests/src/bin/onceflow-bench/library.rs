@@ -1,0 +1,42 @@
+//! The `library/…` scenarios: payments through the service as a library, the engine, the saga and the
+//! in-process mock channel, with no HTTP in between.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use onceflow_engine::{EngineConfig, PgStore, Store};
+use onceflow_payments::{MockChannel, PayRequest, PaymentStore, Payments};
+use onceflow_tests::baseline::fresh_db;
+
+use super::measure::{Run, drive};
+use super::options::Options;
+use super::seed::seed_pg;
+
+fn request(n: u64) -> PayRequest {
+    PayRequest { order_no: format!("o{n}"), amount: 1000, currency: "CNY".into(), request_no: None }
+}
+
+/// Payments through the service as a library: the engine, the saga and the in-process mock channel.
+pub(crate) async fn run<S: PaymentStore>(name: &'static str, store: S, o: &Options) -> anyhow::Result<Run> {
+    let payments = Payments::new(store, Arc::new(MockChannel::reliable()), EngineConfig::default());
+    drive(name, o, move |n| {
+        let payments = payments.clone();
+        async move {
+            let r = payments
+                .pay("default", &format!("tok{n}"), "/v1/payments", &request(n), Duration::from_secs(30))
+                .await?;
+            anyhow::ensure!(r.status == 201, "payment {n}: {} {}", r.status, r.body);
+            Ok(())
+        }
+    })
+    .await
+}
+
+/// The payment service as a library on a fresh Postgres database.
+pub(crate) async fn postgres(base: &str, pool_size: u32, o: &Options) -> anyhow::Result<Run> {
+    let url = fresh_db(base, "onceflow_bench_library")?;
+    let store = PgStore::connect(&url, pool_size).await?;
+    store.migrate().await?;
+    seed_pg(&url, o.count).await?;
+    run("library/postgres", store, o).await
+}

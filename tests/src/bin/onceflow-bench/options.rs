@@ -1,0 +1,60 @@
+//! The command line: how many payments, how many at a time, which scenarios.
+
+use std::time::Duration;
+
+pub(crate) struct Options {
+    pub(crate) concurrency: u64,
+    pub(crate) count: u64,
+    pub(crate) duration: Duration,
+    pub(crate) storm: u64,
+    /// Run only the scenarios whose name starts with this (`library`, `http/sqlite`, …; several: comma-separated);
+    /// the baselines always run.
+    pub(crate) only: Option<String>,
+    /// Connections of the library scenarios' Postgres and MySQL pools (`serve` keeps its default).
+    pub(crate) pool: Option<u32>,
+    /// Times `floor_pay` and `library/postgres` run back to back, for the median of their paired ratios.
+    pub(crate) rounds: u64,
+}
+
+impl Options {
+    pub(crate) fn wants(&self, scenario: &str) -> bool {
+        self.only.as_deref().is_none_or(|only| only.split(',').any(|p| scenario.starts_with(p)))
+    }
+}
+
+/// The options of this process's arguments (`--help` prints them and exits).
+pub(crate) fn parse() -> anyhow::Result<Options> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut o = Options {
+        concurrency: 16,
+        count: 8000,
+        duration: Duration::from_secs(60),
+        storm: 1000,
+        only: None,
+        pool: None,
+        rounds: 1,
+    };
+    let mut i = 0;
+    while i < args.len() {
+        let value = args.get(i + 1).and_then(|v| v.parse::<u64>().ok());
+        match (args[i].as_str(), value) {
+            ("--concurrency", Some(v)) => o.concurrency = v.max(1),
+            ("--count", Some(v)) => o.count = v.max(1),
+            ("--duration-secs", Some(v)) => o.duration = Duration::from_secs(v.max(1)),
+            ("--storm", Some(v)) => o.storm = v.max(1),
+            ("--only", _) if i + 1 < args.len() => o.only = Some(args[i + 1].clone()),
+            ("--pool", Some(v)) => o.pool = Some(u32::try_from(v)?.max(2)),
+            ("--rounds", Some(v)) => o.rounds = v.max(1),
+            ("--help" | "-h", _) => {
+                println!(
+                    "onceflow-bench [--concurrency 16] [--count 8000] [--duration-secs 60] [--storm 1000] \
+                     [--only library|http|mq|http/postgres,mq/postgres|…] [--pool CONNECTIONS] [--rounds 1]"
+                );
+                std::process::exit(0);
+            }
+            (other, _) => anyhow::bail!("unknown or incomplete option {other} (see --help)"),
+        }
+        i += 2;
+    }
+    Ok(o)
+}

@@ -1,0 +1,79 @@
+//! What the bench prints at the end: the table of every scenario against the baselines, the paired rounds'
+//! ratios and the storms.
+
+use std::time::Duration;
+
+use super::measure::Run;
+
+/// Every scenario's payments/s, latencies and ratios to `seed_pay` and `floor_pay`.
+pub(crate) fn table(runs: &[Run], seed: f64, floor: f64) {
+    println!();
+    println!(
+        "{:<20} {:>9} {:>11} {:>9} {:>9} {:>9} {:>9} {:>10}",
+        "scenario", "payments", "payments/s", "p50 ms", "p99 ms", "x floor", "x seed", "peak RSS"
+    );
+    println!(
+        "{:<20} {:>9} {:>11.0} {:>9} {:>9} {:>9.2} {:>9.2} {:>10}",
+        "seed_pay (pgbench)",
+        "",
+        seed,
+        "",
+        "",
+        seed / floor,
+        1.0,
+        ""
+    );
+    println!(
+        "{:<20} {:>9} {:>11.0} {:>9} {:>9} {:>9.2} {:>9.2} {:>10}",
+        "floor_pay (pgbench)",
+        "",
+        floor,
+        "",
+        "",
+        1.0,
+        floor / seed,
+        ""
+    );
+    for r in runs {
+        let rss = r.rss_kib.map_or(String::new(), |k| format!("{:.0} MiB", k as f64 / 1024.0));
+        println!(
+            "{:<20} {:>9} {:>11.0} {:>9.1} {:>9.1} {:>9.2} {:>9.2} {:>10}",
+            r.name,
+            r.done,
+            r.rate(),
+            r.percentile_ms(0.50),
+            r.percentile_ms(0.99),
+            r.rate() / floor,
+            r.rate() / seed,
+            rss
+        );
+    }
+}
+
+/// The `library/postgres` x `floor_pay` ratio of each paired round, in order, and their median (with more than
+/// one round).
+pub(crate) fn paired(mut paired: Vec<f64>) {
+    if paired.len() > 1 {
+        let shown: Vec<String> = paired.iter().map(|r| format!("{r:.2}")).collect();
+        paired.sort_by(f64::total_cmp);
+        println!(
+            "\nlibrary/postgres x floor_pay in {} paired rounds: {} (median {:.2})",
+            paired.len(),
+            shown.join(", "),
+            paired[paired.len() / 2]
+        );
+    }
+}
+
+/// Each backend's storm of `storm` concurrent requests under one token: its time and its channel charges.
+pub(crate) fn storms(stormed: Vec<(&str, (Duration, usize))>, storm: u64) {
+    for (backend, (storm_time, storm_charges)) in stormed {
+        println!(
+            "\n{backend}: {} concurrent requests with one token: all answered identically in {:.0} ms, {} channel \
+             charge call(s)",
+            storm,
+            storm_time.as_secs_f64() * 1000.0,
+            storm_charges
+        );
+    }
+}
