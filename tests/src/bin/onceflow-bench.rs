@@ -11,7 +11,8 @@
 //! `CREATE DATABASE`), the library and HTTP scenarios also run on MySQL / MariaDB. `mq/postgres`: payment
 //! commands through `onceflow consume` on a RabbitMQ broker (`AMQP_URL`, default the local guest one).
 
-use onceflow_engine::{MySqlStore, SqliteStore, Store};
+use onceflow_engine::{MySqlStore, SqliteStore};
+use onceflow_payments::PaymentStore;
 use onceflow_tests::baseline::{fresh_db, pgbench};
 
 #[path = "onceflow-bench/http.rs"]
@@ -81,7 +82,7 @@ async fn main() -> anyhow::Result<()> {
         let path = std::env::temp_dir().join(format!("onceflow-bench-lib-{}.db", std::process::id()));
         let url = format!("sqlite://{}", path.display());
         let store = SqliteStore::connect(&url).await?;
-        store.migrate().await?;
+        store.migrate_payments().await?;
         seed_sqlite(&url, o.count).await?;
         runs.push(library::run("library/sqlite", store, &o).await?);
         remove_sqlite(&path);
@@ -103,7 +104,7 @@ async fn main() -> anyhow::Result<()> {
             if o.wants("library/mysql") {
                 let url = fresh_mysql_db(&mysql_base, "onceflow_bench_library").await?;
                 let store = MySqlStore::connect(&url, pool_size).await?;
-                store.migrate().await?;
+                store.migrate_payments().await?;
                 seed_mysql(&url, o.count).await?;
                 runs.push(library::run("library/mysql", store, &o).await?);
             }

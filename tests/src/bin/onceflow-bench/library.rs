@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use onceflow_engine::{EngineConfig, PgStore, Store};
+use onceflow_engine::{EngineConfig, PgStore};
 use onceflow_payments::{MockChannel, PayRequest, PaymentStore, Payments};
 use onceflow_tests::baseline::fresh_db;
 
@@ -36,7 +36,7 @@ pub(crate) async fn run<S: PaymentStore>(name: &'static str, store: S, o: &Optio
 pub(crate) async fn postgres(base: &str, pool_size: u32, o: &Options) -> anyhow::Result<Run> {
     let url = fresh_db(base, "onceflow_bench_library")?;
     let store = PgStore::connect(&url, pool_size).await?;
-    store.migrate().await?;
+    store.migrate_payments().await?;
     seed_pg(&url, o.count).await?;
     run("library/postgres", store, o).await
 }
