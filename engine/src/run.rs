@@ -123,6 +123,13 @@ async fn drive_until_stopped<S: Store>(
             }
             Err(Interrupt::Suspended { .. } | Interrupt::LeaseLost) => return None,
             Err(Interrupt::Shutdown) => {
+                // The open phase is not committed half-done (its steps run again after the restart); an
+                // unrecorded workflow is not recorded at all (nothing of it left the database).
+                ctx.abort_phase().await;
+                if !ctx.recorded() {
+                    *unrecorded = Some((ctx.take_started(), Err(Error::ShuttingDown)));
+                    return None;
+                }
                 release(&mut ctx, core.now()).await;
                 return None;
             }
@@ -133,10 +140,10 @@ async fn drive_until_stopped<S: Store>(
             Err(Interrupt::Refused(failure)) => {
                 // What refused may be this start's own late view: another start of the id recorded it first (the
                 // token this one would claim is that start's now). Then this start attaches to it.
+                // (A failed read leaves the refusal as it is: the caller decides from its own records.)
                 let refused = match core.store.workflow(&id).await {
                     Ok(Some(_)) => Ok(false),
-                    Ok(None) => Err(Error::Refused(failure)),
-                    Err(e) => Err(e),
+                    Ok(None) | Err(_) => Err(Error::Refused(failure)),
                 };
                 *unrecorded = Some((ctx.take_started(), refused));
                 return None;
@@ -212,13 +219,14 @@ async fn run_once<S: Store>(
                 ctx.abort_phase().await;
                 return Err(Interrupt::Refused(failure));
             }
-            Err(Interrupt::Failed(failure) | Interrupt::Refused(failure)) => {
-                let update = WorkflowUpdate {
-                    state: Some(state::COMPENSATING),
-                    error: Some(failure_json(&failure)),
-                    ..Default::default()
-                };
-                ctx.commit(update).await?;
+            Err(Interrupt::Refused(failure)) => {
+                // Like a failed step: the refusing phase is undone, not committed with the failure.
+                ctx.abort_phase().await;
+                ctx.commit(compensating(&failure)).await?;
+                failure
+            }
+            Err(Interrupt::Failed(failure)) => {
+                ctx.commit(compensating(&failure)).await?;
                 failure
             }
             Err(e @ Interrupt::StepMismatch { .. }) => {
@@ -262,11 +270,11 @@ async fn compensate<S: Store>(
         };
         match wf.compensate(ctx, &compensation, &failure).await {
             Ok(()) => ctx.push_compensation_status(c.clone(), compensation_status::DONE),
-            Err(e @ (Interrupt::Failed(_) | Interrupt::StepMismatch { .. })) => {
+            Err(e @ (Interrupt::Failed(_) | Interrupt::Refused(_) | Interrupt::StepMismatch { .. })) => {
                 ctx.abort_phase().await;
                 ctx.push_compensation_status(c.clone(), compensation_status::FAILED);
                 let reason = match e {
-                    Interrupt::Failed(f) => f,
+                    Interrupt::Failed(f) | Interrupt::Refused(f) => f,
                     other => Failure::new("step_mismatch", other.to_string()),
                 };
                 let mut failed = failure.clone();
@@ -286,6 +294,11 @@ async fn compensate<S: Store>(
     let final_state = if cancelled { state::CANCELLED } else { state::FAILED };
     ctx.commit(finish(final_state, None, Some(&failure), ctx.now_ms())).await?;
     Ok(if cancelled { Outcome::Cancelled(failure) } else { Outcome::Failed(failure) })
+}
+
+/// The commit that moves a failed workflow on to its compensations.
+fn compensating(failure: &Failure) -> WorkflowUpdate {
+    WorkflowUpdate { state: Some(state::COMPENSATING), error: Some(failure_json(failure)), ..Default::default() }
 }
 
 fn finish(state: &'static str, output: Option<String>, failure: Option<&Failure>, now: i64) -> WorkflowUpdate {
