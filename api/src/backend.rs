@@ -3,7 +3,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use onceflow_engine::{EngineConfig, MySqlStore, PgStore, SqliteStore, Store, WorkflowRecord, WorkflowView};
+use onceflow_engine::store::WorkflowRecord;
+use onceflow_engine::{EngineConfig, MySqlStore, PgStore, SqliteStore, Store, WorkflowView};
 use onceflow_payments::{
     Channel, IssuedToken, Order, PayRequest, PayResponse, PaymentRecord, PaymentStore, Payments, Result as PayResult,
 };

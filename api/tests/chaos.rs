@@ -16,7 +16,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use onceflow_engine::{MySqlStore, PgStore, state};
+use onceflow_engine::store::state;
+use onceflow_engine::{MySqlStore, PgStore};
 use onceflow_payments::{MockChannel, MockChannelConfig, PaymentStore, check_invariants, mock_channel_router};
 use serde_json::json;
 use tokio::sync::Mutex;

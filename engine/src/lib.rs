@@ -4,10 +4,29 @@
 //! is replayed: finished steps return their stored output, the rest run, so each transactional step commits
 //! exactly once and each external step is told when an earlier attempt may have had its effect. Workers hold
 //! workflows by leases with a fencing epoch checked by every commit; a recovery loop in any process resumes
-//! what a dead one left. Compensations registered before their forward steps run in reverse on failure.
-//! Stores exist for Postgres (many processes), MySQL / MariaDB (many processes) and SQLite (embedded).
-//! On Postgres a phase may also be given as one SQL statement ([`StatementPhase`]), sent with its commit in a
-//! single round trip.
+//! what a dead one left. Compensations registered with their forward steps run in reverse on failure. Stores
+//! exist for Postgres (many processes), MySQL / MariaDB (many processes) and SQLite (embedded); on Postgres and
+//! SQLite a phase of transactional steps may also be given as SQL ([`phase::StatementPhase`]), sent with its
+//! commit as one call.
+//!
+//! # Strata
+//!
+//! Each layer uses only the ones below it:
+//!
+//! ```text
+//!  Engine            start, attach, wait; the recovery loop and     engine.rs, background.rs, ops.rs
+//!    |               heartbeat; operator retry / cancel
+//!  run               one run of one workflow: the body, then the     run.rs
+//!    |               compensations; every way it stops
+//!  WorkflowContext   the steps a body runs, their replay, statement  context/{steps,phase,commit}.rs
+//!    |               phases, the fenced commit
+//!  Core              what all runs share: store, clock, the leases   core.rs
+//!    |               this process drives, waiters
+//!  Store             one sealed trait, one folder per database       store/{postgres,sqlite,mysql}/
+//! ```
+//!
+//! A workflow type implements [`Workflow`]; its body calls [`WorkflowContext::transactional`] and
+//! [`WorkflowContext::external`]; an [`Engine`] over a [`Store`] runs it:
 //!
 //! ```no_run
 //! use onceflow_engine::{BoxFuture, Engine, Interrupt, SqliteStore, Store, Workflow, WorkflowContext};
@@ -41,10 +60,11 @@
 //! # Ok(()) }
 //! ```
 #![forbid(unsafe_code)]
+#![deny(missing_docs)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
 
 mod background;
-mod clock;
+pub mod clock;
 mod config;
 mod context;
 mod core;
@@ -52,26 +72,20 @@ mod engine;
 mod error;
 mod ops;
 mod outcome;
-mod phase;
+pub mod phase;
 mod retry;
 mod run;
 mod step;
-mod store;
+pub mod store;
 mod workflow;
 
-pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::EngineConfig;
 pub use context::WorkflowContext;
 pub use engine::{Engine, EngineBuilder, Handle};
-pub use error::{CANCELLED_CODE, Error, Failure, Interrupt, Result, StepError, is_transient};
+pub use error::{Error, Failure, Interrupt, Result, StepError};
 pub use ops::WorkflowView;
 pub use outcome::Outcome;
-pub use phase::{PhaseCommit, PhaseRow, PhaseStep, SqlArg, StatementOutcome, StatementPhase};
 pub use retry::RetryPolicy;
 pub use step::{Attempt, BoxFuture, Previous, StepSpec, step};
-pub use store::{
-    Checkpoint, CompensationRecord, Conn, Fence, Listener, MYSQL_MIGRATOR, MySqlStore, POSTGRES_MIGRATOR, Persisted,
-    PgStore, Reopen, SQLITE_MIGRATOR, SQLITE_PHASE_FLAGS, SqliteStore, StepRecord, Store, Tx, WorkflowRecord,
-    WorkflowUpdate, compensation_status, kind, state, step_status,
-};
+pub use store::{Conn, MySqlStore, PgStore, SqliteStore, Store};
 pub use workflow::{Compensation, Workflow};

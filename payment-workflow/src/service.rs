@@ -83,7 +83,7 @@ impl<S: PaymentStore> Payments<S> {
     }
 
     fn now(&self) -> i64 {
-        onceflow_engine::Clock::now_ms(&onceflow_engine::SystemClock)
+        onceflow_engine::clock::Clock::now_ms(&onceflow_engine::clock::SystemClock)
     }
 
     /// Creates an order; the same `order_no` with the same fields returns the existing one (`created` false),

@@ -5,7 +5,8 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use onceflow_engine::{MySqlStore, PgStore, SqliteStore, state};
+use onceflow_engine::store::state;
+use onceflow_engine::{MySqlStore, PgStore, SqliteStore};
 use onceflow_tests::TestDb;
 
 const WORKER: &str = env!("CARGO_BIN_EXE_crash-worker");

@@ -5,9 +5,11 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use onceflow_engine::clock::ManualClock;
+use onceflow_engine::store::{state, step_status};
 use onceflow_engine::{
-    Engine, EngineConfig, Error, Interrupt, ManualClock, Outcome, Previous, RetryPolicy, StepError, Store, Workflow,
-    WorkflowContext, state, step, step_status,
+    Engine, EngineConfig, Error, Interrupt, Outcome, Previous, RetryPolicy, StepError, Store, Workflow,
+    WorkflowContext, step,
 };
 use onceflow_tests::{Hooks, Steps, StepsInput, TestDb, effect_step, on_every_backend};
 
@@ -296,6 +298,57 @@ async fn a_refusal_before_the_first_commit_records_nothing<S: TestDb>(store: S) 
     assert_eq!(store.workflow("recorded").await.unwrap().unwrap().state, state::FAILED);
 }
 
+/// A body whose first transactional step waits for `resume` (after telling `reached`), then takes a second.
+struct Paused {
+    reached: Arc<tokio::sync::Notify>,
+    resume: Arc<tokio::sync::Notify>,
+}
+
+impl<S: TestDb> Workflow<S> for Paused {
+    const NAME: &'static str = "paused";
+    type Input = ();
+    type Output = ();
+
+    async fn run(&self, ctx: &mut WorkflowContext<S>, (): ()) -> Result<(), Interrupt> {
+        let id = ctx.workflow_id().to_owned();
+        let (reached, resume) = (self.reached.clone(), self.resume.clone());
+        let effect = effect_step::<S>(id.clone(), "first");
+        ctx.transactional("first", move |conn| -> onceflow_engine::BoxFuture<'_, _> {
+            Box::pin(async move {
+                effect(conn).await?;
+                reached.notify_one();
+                resume.notified().await;
+                Ok(())
+            })
+        })
+        .await?;
+        ctx.transactional("second", effect_step::<S>(id, "second")).await
+    }
+}
+
+/// A shutdown that stops a workflow before its first commit records nothing of it (its open phase is not
+/// committed half-done) and tells the start so.
+async fn a_shutdown_before_the_first_commit_records_nothing<S: TestDb>(store: S) {
+    let (reached, resume) = (Arc::new(tokio::sync::Notify::new()), Arc::new(tokio::sync::Notify::new()));
+    let engine =
+        Engine::builder(store.clone()).register(Paused { reached: reached.clone(), resume: resume.clone() }).build();
+    let starter = {
+        let engine = engine.clone();
+        tokio::spawn(async move { engine.start::<Paused>("paused", &()).await.map(|_| ()) })
+    };
+    reached.notified().await;
+    let stopping = {
+        let engine = engine.clone();
+        tokio::spawn(async move { engine.shutdown(Duration::from_secs(5)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    resume.notify_one();
+    assert!(matches!(starter.await.unwrap(), Err(Error::ShuttingDown)));
+    stopping.await.unwrap().unwrap();
+    assert_eq!(store.workflow("paused").await.unwrap(), None, "nothing of the workflow is recorded");
+    assert!(store.effects("paused").await.unwrap().is_empty(), "the open phase was not committed");
+}
+
 /// A new version of `steps` whose first step became an external call: its history no longer matches.
 struct StepsChanged;
 
@@ -337,7 +390,7 @@ trait NowForTests {
 
 impl NowForTests for ManualClock {
     fn now_ms_for_tests(&self) -> i64 {
-        onceflow_engine::Clock::now_ms(self)
+        onceflow_engine::clock::Clock::now_ms(self)
     }
 }
 
@@ -353,6 +406,7 @@ on_every_backend!(
     long_waits_are_persisted,
     a_changed_step_is_a_mismatch_not_a_replay,
     a_refusal_before_the_first_commit_records_nothing,
+    a_shutdown_before_the_first_commit_records_nothing,
 );
 
 /// A waiter in another process hears of the end through Postgres `NOTIFY`, not by polling: its poll interval

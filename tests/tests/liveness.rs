@@ -6,9 +6,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use onceflow_engine::{
-    Engine, EngineConfig, Interrupt, ManualClock, Outcome, Previous, Workflow, WorkflowContext, WorkflowRecord, state,
-};
+use onceflow_engine::clock::ManualClock;
+use onceflow_engine::store::{WorkflowRecord, state};
+use onceflow_engine::{Engine, EngineConfig, Interrupt, Outcome, Previous, Workflow, WorkflowContext};
 use onceflow_tests::{TestDb, effect_step, on_every_backend};
 use tokio::sync::{Semaphore, mpsc};
 
@@ -130,7 +130,7 @@ async fn an_older_run_ending_keeps_the_newer_run_driven<S: TestDb>(store: S) {
     assert_eq!(before.lease_epoch, 2);
     clock.advance(LEASE_MS / 2);
     let background = engine.spawn_background();
-    let target = onceflow_engine::Clock::now_ms(&clock) + LEASE_MS;
+    let target = onceflow_engine::clock::Clock::now_ms(&clock) + LEASE_MS;
     let asked = Instant::now();
     loop {
         let row = store.workflow("gated").await.unwrap().unwrap();

@@ -75,7 +75,7 @@ async fn payments_survive_sigkill_on_sqlite() {
     let path = std::env::temp_dir().join(format!("onceflow-paycrash-{}.db", uuid::Uuid::new_v4()));
     let url = format!("sqlite://{}", path.display());
     let store = SqliteStore::connect(&url).await.unwrap();
-    onceflow_engine::Store::migrate(&store).await.unwrap();
+    onceflow_payments::PaymentStore::migrate_payments(&store).await.unwrap();
     crash_matrix(store, &url).await;
 }
 

@@ -7,9 +7,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use onceflow_engine::clock::ManualClock;
+use onceflow_engine::phase::{PhaseStep, SqlArg, StatementPhase};
+use onceflow_engine::store::{SQLITE_PHASE_FLAGS, state, step_status};
 use onceflow_engine::{
-    Engine, EngineConfig, Failure, Interrupt, ManualClock, Outcome, PgStore, PhaseStep, SQLITE_PHASE_FLAGS, SqlArg,
-    SqliteStore, StatementPhase, Workflow, WorkflowContext, state, step, step_status,
+    Engine, EngineConfig, Failure, Interrupt, Outcome, PgStore, SqliteStore, Workflow, WorkflowContext, step,
 };
 use onceflow_tests::TestDb;
 use serde::{Deserialize, Serialize};

@@ -1,6 +1,6 @@
 //! The `Store` contract, run against every backend: what the engine relies on from each database.
 
-use onceflow_engine::{
+use onceflow_engine::store::{
     Checkpoint, CompensationRecord, Fence, Persisted, Reopen, StepRecord, WorkflowRecord, WorkflowUpdate, state,
 };
 use onceflow_tests::{TestDb, on_every_backend};

@@ -4,9 +4,9 @@
 //! outputs are the JSON MySQL's closure steps store (`true`, `"Reserved"`, the stored response), so a
 //! workflow's step rows read the same on every backend.
 
-use onceflow_engine::{
-    Failure, Interrupt, PhaseStep, SQLITE_PHASE_FLAGS, SqlArg, StatementPhase, Store, WorkflowContext,
-};
+use onceflow_engine::phase::{PhaseStep, SqlArg, StatementPhase};
+use onceflow_engine::store::SQLITE_PHASE_FLAGS;
+use onceflow_engine::{Failure, Interrupt, Store, WorkflowContext};
 
 use super::{Reserve, ReserveSteps};
 use crate::model::StoredResponse;
