@@ -12,6 +12,7 @@ use crate::saga::PaymentInput;
 mod mysql;
 mod postgres;
 mod sqlite;
+mod standard;
 mod statement;
 
 /// How reserving an order for payment went.

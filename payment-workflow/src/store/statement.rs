@@ -52,7 +52,7 @@ fn decode<T: serde::de::DeserializeOwned>(output: Option<&Option<serde_json::Val
 
 /// The SQL dialect of a store's statement phases.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum PhaseDialect {
+pub enum PhaseDialect {
     /// One statement: each write a data-modifying CTE.
     Postgres,
     /// Statements in order inside the commit's transaction, each write followed by a flag of whether it wrote.

@@ -1,0 +1,289 @@
+//! The payment queries Postgres and SQLite share: the same SQL text (`$n` parameters, `ON CONFLICT`), written
+//! once for both as one implementation of [`PaymentStore`] over [`StandardSql`]; what differs — the dialect of
+//! their statement phases, how a query result counts rows, their migrations — each backend's file says.
+
+use std::future::Future;
+
+use onceflow_engine::{Conn, Failure, Interrupt, StepSpec, Store, WorkflowContext};
+use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, Type};
+
+use super::statement::{self, PhaseDialect};
+use super::{PaymentStore, Reserve, ReserveSteps, Sql, TokenCheck, engine_error};
+use crate::model::{Order, PaymentRecord, StoredResponse, TokenRecord};
+use crate::saga::PaymentInput;
+
+/// A store whose database runs the standard payment SQL of this file (Postgres, SQLite).
+pub trait StandardSql: Store {
+    /// The dialect of its statement phases.
+    const DIALECT: PhaseDialect;
+
+    /// The rows a statement changed (or, on MySQL's terms, matched).
+    fn rows_affected(done: &<Self::Db as Database>::QueryResult) -> u64;
+
+    /// Applies the payment tables' migrations (this crate's, for this backend).
+    fn migrate_own(&self) -> impl Future<Output = Result<(), onceflow_engine::Error>> + Send;
+}
+
+impl<S> PaymentStore for S
+where
+    S: StandardSql,
+    for<'c> &'c mut <S::Db as Database>::Connection: Executor<'c, Database = S::Db>,
+    <S::Db as Database>::Arguments: IntoArguments<S::Db>,
+    for<'q> String: Encode<'q, S::Db> + Type<S::Db>,
+    for<'q> Option<String>: Encode<'q, S::Db> + Type<S::Db>,
+    for<'q> i64: Encode<'q, S::Db> + Type<S::Db>,
+    for<'q> i32: Encode<'q, S::Db> + Type<S::Db>,
+    for<'q> Option<i32>: Encode<'q, S::Db> + Type<S::Db>,
+    for<'r> Order: FromRow<'r, <S::Db as Database>::Row>,
+    for<'r> PaymentRecord: FromRow<'r, <S::Db as Database>::Row>,
+    for<'r> TokenCheck: FromRow<'r, <S::Db as Database>::Row>,
+    for<'r> (i64, Option<i64>): FromRow<'r, <S::Db as Database>::Row>,
+    for<'r> (String, String, i64): FromRow<'r, <S::Db as Database>::Row>,
+{
+    async fn migrate_payments(&self) -> Result<(), onceflow_engine::Error> {
+        self.migrate().await?;
+        self.migrate_own().await
+    }
+
+    async fn reserve(
+        ctx: &mut WorkflowContext<Self>,
+        input: &PaymentInput,
+        now: i64,
+        steps: ReserveSteps,
+        refused: Failure,
+    ) -> Result<Option<Reserve>, Interrupt> {
+        statement::run_reserve(ctx, S::DIALECT, input, now, steps, refused).await
+    }
+
+    async fn confirm(
+        ctx: &mut WorkflowContext<Self>,
+        input: &PaymentInput,
+        now: i64,
+        spec: StepSpec,
+        charge_id: String,
+        response: StoredResponse,
+        not_paying: Failure,
+    ) -> Result<StoredResponse, Interrupt> {
+        statement::run_confirm(ctx, S::DIALECT, input, now, spec, &charge_id, response, not_paying).await
+    }
+
+    fn move_order<'c>(
+        conn: &'c mut Conn<Self>,
+        tenant: String,
+        order_no: String,
+        request_no: String,
+        to: &'static str,
+        now: i64,
+    ) -> Sql<'c, bool> {
+        Box::pin(async move {
+            let done = sqlx::query(
+                "UPDATE orders SET status = $4, version = version + 1, updated_at = $5 \
+                 WHERE tenant = $1 AND order_no = $2 AND status = 'paying' AND reserved_by = $3",
+            )
+            .bind(tenant)
+            .bind(order_no)
+            .bind(request_no)
+            .bind(to.to_owned())
+            .bind(now)
+            .execute(conn)
+            .await?;
+            Ok(S::rows_affected(&done) == 1)
+        })
+    }
+
+    fn fail_payment<'c>(
+        conn: &'c mut Conn<Self>,
+        tenant: String,
+        request_no: String,
+        token: String,
+        status: &'static str,
+        decline_code: Option<String>,
+        now: i64,
+    ) -> Sql<'c, ()> {
+        Box::pin(async move {
+            sqlx::query(
+                "UPDATE payments SET status = $3, decline_code = COALESCE($4, decline_code), updated_at = $5 \
+                 WHERE tenant = $1 AND request_no = $2 AND token = $6 AND status = 'processing'",
+            )
+            .bind(tenant)
+            .bind(request_no)
+            .bind(status.to_owned())
+            .bind(decline_code)
+            .bind(now)
+            .bind(token)
+            .execute(conn)
+            .await?;
+            Ok(())
+        })
+    }
+
+    fn complete_token<'c>(
+        conn: &'c mut Conn<Self>,
+        token: String,
+        response_status: i32,
+        body: String,
+        now: i64,
+    ) -> Sql<'c, ()> {
+        Box::pin(async move {
+            sqlx::query(
+                "UPDATE idempotency_tokens SET state = 'completed', response_status = $2, response_body = $3, \
+                 updated_at = $4 WHERE token = $1 AND state = 'in_use'",
+            )
+            .bind(token)
+            .bind(response_status)
+            .bind(body)
+            .bind(now)
+            .execute(conn)
+            .await?;
+            Ok(())
+        })
+    }
+
+    async fn insert_order(&self, o: &Order) -> Result<bool, sqlx::Error> {
+        let q = sqlx::query(
+            "INSERT INTO orders (tenant, order_no, amount, currency, status, version, created_at, updated_at) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (tenant, order_no) DO NOTHING",
+        )
+        .bind(o.tenant.clone())
+        .bind(o.order_no.clone())
+        .bind(o.amount)
+        .bind(o.currency.clone())
+        .bind(o.status.clone())
+        .bind(o.version)
+        .bind(o.created_at)
+        .bind(o.updated_at);
+        let mut w = self.writer().await.map_err(engine_error)?;
+        let done = q.execute(&mut *w).await;
+        Ok(S::rows_affected(&w.check(done)?) == 1)
+    }
+
+    async fn order(&self, tenant: &str, order_no: &str) -> Result<Option<Order>, sqlx::Error> {
+        sqlx::query_as("SELECT * FROM orders WHERE tenant = $1 AND order_no = $2")
+            .bind(tenant.to_owned())
+            .bind(order_no.to_owned())
+            .fetch_optional(self.pool())
+            .await
+    }
+
+    async fn insert_token(&self, t: &TokenRecord) -> Result<(), sqlx::Error> {
+        let q = sqlx::query(
+            "INSERT INTO idempotency_tokens (token, tenant, state, fingerprint, route, response_status, \
+             response_body, created_at, expires_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+        )
+        .bind(t.token.clone())
+        .bind(t.tenant.clone())
+        .bind(t.state.clone())
+        .bind(t.fingerprint.clone())
+        .bind(t.route.clone())
+        .bind(t.response_status)
+        .bind(t.response_body.clone())
+        .bind(t.created_at)
+        .bind(t.expires_at)
+        .bind(t.updated_at);
+        let mut w = self.writer().await.map_err(engine_error)?;
+        let done = q.execute(&mut *w).await;
+        w.check(done)?;
+        Ok(())
+    }
+
+    async fn ensure_token(&self, t: &TokenRecord) -> Result<(), sqlx::Error> {
+        let q = sqlx::query(
+            "INSERT INTO idempotency_tokens (token, tenant, state, fingerprint, route, response_status, \
+             response_body, created_at, expires_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) \
+             ON CONFLICT (token) DO UPDATE SET expires_at = excluded.expires_at, updated_at = excluded.updated_at \
+             WHERE idempotency_tokens.state = 'issued' AND idempotency_tokens.expires_at <= excluded.created_at",
+        )
+        .bind(t.token.clone())
+        .bind(t.tenant.clone())
+        .bind(t.state.clone())
+        .bind(t.fingerprint.clone())
+        .bind(t.route.clone())
+        .bind(t.response_status)
+        .bind(t.response_body.clone())
+        .bind(t.created_at)
+        .bind(t.expires_at)
+        .bind(t.updated_at);
+        let mut w = self.writer().await.map_err(engine_error)?;
+        let done = q.execute(&mut *w).await;
+        w.check(done)?;
+        Ok(())
+    }
+
+    async fn settle_unused_token(
+        &self,
+        token: &str,
+        fingerprint: &str,
+        route: &str,
+        response: &StoredResponse,
+        now: i64,
+    ) -> Result<bool, sqlx::Error> {
+        let q = sqlx::query(
+            "UPDATE idempotency_tokens SET state = 'completed', fingerprint = $2, route = $3, \
+             response_status = $4, response_body = $5, updated_at = $6 WHERE token = $1 AND state = 'issued'",
+        )
+        .bind(token.to_owned())
+        .bind(fingerprint.to_owned())
+        .bind(route.to_owned())
+        .bind(i32::from(response.status))
+        .bind(response.body.clone())
+        .bind(now);
+        let mut w = self.writer().await.map_err(engine_error)?;
+        let done = q.execute(&mut *w).await;
+        Ok(S::rows_affected(&w.check(done)?) == 1)
+    }
+
+    async fn token_and_order(
+        &self,
+        token: &str,
+        tenant: &str,
+        order_no: &str,
+    ) -> Result<Option<(TokenRecord, bool)>, sqlx::Error> {
+        let found: Option<TokenCheck> = sqlx::query_as(
+            "SELECT t.*, EXISTS (SELECT 1 FROM orders o WHERE o.tenant = $2 AND o.order_no = $3) AS order_exists \
+             FROM idempotency_tokens t WHERE t.token = $1",
+        )
+        .bind(token.to_owned())
+        .bind(tenant.to_owned())
+        .bind(order_no.to_owned())
+        .fetch_optional(self.pool())
+        .await?;
+        Ok(found.map(|f| (f.token, f.order_exists)))
+    }
+
+    async fn payment(&self, tenant: &str, request_no: &str) -> Result<Option<PaymentRecord>, sqlx::Error> {
+        sqlx::query_as("SELECT * FROM payments WHERE tenant = $1 AND request_no = $2")
+            .bind(tenant.to_owned())
+            .bind(request_no.to_owned())
+            .fetch_optional(self.pool())
+            .await
+    }
+
+    async fn unresolved(&self) -> Result<(i64, Option<i64>), sqlx::Error> {
+        sqlx::query_as("SELECT count(*), min(created_at) FROM payments WHERE status = 'processing'")
+            .fetch_one(self.pool())
+            .await
+    }
+
+    async fn unresolved_before(
+        &self,
+        created_before: i64,
+        limit: i64,
+    ) -> Result<Vec<(String, String, i64)>, sqlx::Error> {
+        sqlx::query_as(
+            "SELECT tenant, request_no, created_at FROM payments \
+             WHERE status = 'processing' AND created_at <= $1 ORDER BY created_at LIMIT $2",
+        )
+        .bind(created_before)
+        .bind(limit)
+        .fetch_all(self.pool())
+        .await
+    }
+
+    async fn all_orders(&self) -> Result<Vec<Order>, sqlx::Error> {
+        sqlx::query_as("SELECT * FROM orders ORDER BY tenant, order_no").fetch_all(self.pool()).await
+    }
+
+    async fn all_payments(&self) -> Result<Vec<PaymentRecord>, sqlx::Error> {
+        sqlx::query_as("SELECT * FROM payments ORDER BY tenant, request_no").fetch_all(self.pool()).await
+    }
+}
