@@ -72,6 +72,6 @@ pub use step::{Attempt, BoxFuture, Previous, StepSpec, step};
 pub use store::{
     Checkpoint, CompensationRecord, Conn, Fence, Listener, MYSQL_MIGRATOR, MySqlStore, POSTGRES_MIGRATOR, Persisted,
     PgStore, Reopen, SQLITE_MIGRATOR, SQLITE_PHASE_FLAGS, SqliteStore, StepRecord, Store, Tx, WorkflowRecord,
-    WorkflowUpdate, compensation_status, kind, state, step_status,
+    WorkflowUpdate, WorkflowWrite, compensation_status, kind, state, step_status,
 };
 pub use workflow::{Compensation, Workflow};

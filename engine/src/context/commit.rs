@@ -3,7 +3,9 @@
 
 use crate::error::{Error, Interrupt};
 use crate::phase::{PhaseCommit, StatementOutcome};
-use crate::store::{Checkpoint, Fence, Persisted, Store, Tx, WorkflowRecord, WorkflowUpdate, kind, state};
+use crate::store::{
+    Checkpoint, Fence, Persisted, Store, Tx, WorkflowRecord, WorkflowUpdate, WorkflowWrite, kind, state,
+};
 
 use super::WorkflowContext;
 
@@ -63,14 +65,14 @@ impl<S: Store> WorkflowContext<S> {
         update: &'a WorkflowUpdate,
         now: i64,
     ) -> Checkpoint<'a> {
-        let fence = inserting.is_none().then_some(Fence {
-            workflow_id: &self.run.workflow_id,
-            epoch: self.run.epoch,
-            update,
-            now,
-        });
+        let workflow = match inserting {
+            Some(row) => WorkflowWrite::Insert(row),
+            None => {
+                WorkflowWrite::Fence(Fence { workflow_id: &self.run.workflow_id, epoch: self.run.epoch, update, now })
+            }
+        };
         let compensations = (self.replay.comps != self.replay.committed_comps).then_some(&self.replay.comps[..]);
-        Checkpoint { insert: inserting, steps: &self.run.pending_steps, compensations, fence }
+        Checkpoint { workflow, steps: &self.run.pending_steps, compensations }
     }
 
     /// After a commit: nothing is pending, and a start waiting for the first commit hears of it.

@@ -86,26 +86,39 @@ pub enum Persisted {
 /// Everything one commit writes besides the business rows.
 #[derive(Debug, Clone, Copy)]
 pub struct Checkpoint<'a> {
-    /// The workflow row, on its first commit (then there is no fence).
-    pub insert: Option<&'a WorkflowRecord>,
+    /// What the commit writes to its workflow's row: the row itself on the first commit, the fence on every
+    /// later one.
+    pub workflow: WorkflowWrite<'a>,
     /// Step rows to insert or replace.
     pub steps: &'a [StepRecord],
     /// The workflow's whole compensation list, when this commit changes it (kept in the workflow's row).
     pub compensations: Option<&'a [CompensationRecord]>,
-    /// The fence, unless the transaction inserted the workflow row itself and changes nothing on it.
-    pub fence: Option<Fence<'a>>,
+}
+
+/// How a commit writes its workflow's row: each commit does exactly one of the two.
+#[derive(Debug, Clone, Copy)]
+pub enum WorkflowWrite<'a> {
+    /// The workflow's first commit inserts its row, as this commit leaves it and leased to its starter. It has
+    /// no fence (the epoch is the starter's) and finds no step row of the workflow; a row already there is a
+    /// duplicate start.
+    Insert(&'a WorkflowRecord),
+    /// Every later commit is fenced by the committer's lease epoch, and changes the row only while that holds.
+    Fence(Fence<'a>),
 }
 
 impl Checkpoint<'_> {
     /// The workflow's first commit: it inserts the workflow row and has no fence, so no step row of the
     /// workflow can exist yet.
     pub(crate) fn is_first(&self) -> bool {
-        self.insert.is_some() && self.fence.is_none()
+        matches!(self.workflow, WorkflowWrite::Insert(_))
     }
 
-    /// The workflow committed: the fence's, or the inserted row's.
-    pub(crate) fn workflow_id(&self) -> Option<&str> {
-        self.fence.map(|f| f.workflow_id).or(self.insert.map(|w| w.workflow_id.as_str()))
+    /// The workflow committed: the inserted row's, or the fence's.
+    pub(crate) fn workflow_id(&self) -> &str {
+        match self.workflow {
+            WorkflowWrite::Insert(row) => &row.workflow_id,
+            WorkflowWrite::Fence(fence) => fence.workflow_id,
+        }
     }
 }
 
@@ -176,9 +189,9 @@ pub trait Store: Clone + Send + Sync + 'static {
     /// Inserts or replaces step rows.
     fn write_steps(&self, conn: &mut Conn<Self>, steps: &[StepRecord]) -> impl Future<Output = Result<()>> + Send;
 
-    /// The fence of every commit: applies `update`, and replaces the compensation list (kept in the workflow's
-    /// row) when `compensations` is given, only if the workflow's `lease_epoch` is still `epoch`. Returns `None`
-    /// when the lease was lost, else whether a waiter elsewhere asked to be notified.
+    /// The fence of every commit after the first: applies `update`, and replaces the compensation list (kept in
+    /// the workflow's row) when `compensations` is given, only if the workflow's `lease_epoch` is still `epoch`.
+    /// Returns `None` when the lease was lost, else whether a waiter elsewhere asked to be notified.
     fn fence(
         &self,
         conn: &mut Conn<Self>,
@@ -190,8 +203,8 @@ pub trait Store: Clone + Send + Sync + 'static {
     ) -> impl Future<Output = Result<Option<bool>>> + Send;
 
     /// Writes a commit's bookkeeping inside its transaction: the workflow row (on its first commit), step
-    /// rows, the compensation list if it changed, and (when given) the fence. Backends may do it in one round
-    /// trip.
+    /// rows, the compensation list if it changed, and (on every later commit) the fence. Backends may do it in
+    /// one round trip.
     fn persist(
         &self,
         conn: &mut Conn<Self>,
@@ -199,18 +212,20 @@ pub trait Store: Clone + Send + Sync + 'static {
     ) -> impl Future<Output = Result<Persisted>> + Send {
         async move {
             let comps = checkpoint.compensations;
-            if let Some(row) = checkpoint.insert
+            if let WorkflowWrite::Insert(row) = checkpoint.workflow
                 && !self.insert_workflow(conn, row, comps.unwrap_or_default()).await?
             {
                 return Ok(Persisted::Duplicate);
             }
             self.write_steps(conn, checkpoint.steps).await?;
-            Ok(match &checkpoint.fence {
-                Some(f) => match self.fence(conn, f.workflow_id, f.epoch, f.update, f.now, comps).await? {
-                    Some(notify) => Persisted::Done { notify },
-                    None => Persisted::LeaseLost,
-                },
-                None => Persisted::Done { notify: false },
+            Ok(match checkpoint.workflow {
+                WorkflowWrite::Insert(_) => Persisted::Done { notify: false },
+                WorkflowWrite::Fence(f) => {
+                    match self.fence(conn, f.workflow_id, f.epoch, f.update, f.now, comps).await? {
+                        Some(notify) => Persisted::Done { notify },
+                        None => Persisted::LeaseLost,
+                    }
+                }
             })
         }
     }
