@@ -66,11 +66,11 @@ pub use engine::{Engine, EngineBuilder, Handle};
 pub use error::{CANCELLED_CODE, Error, Failure, Interrupt, Result, StepError, is_transient};
 pub use ops::WorkflowView;
 pub use outcome::Outcome;
-pub use phase::{PhaseCommit, PhaseRow, PhaseStep, SqlArg, StatementOutcome, StatementPhase};
+pub use phase::{PhaseCommit, PhaseRow, PhaseStep, SqlArg, StatementPhase};
 pub use retry::RetryPolicy;
 pub use step::{Attempt, BoxFuture, Previous, StepSpec, step};
 pub use store::{
-    Checkpoint, CompensationRecord, Conn, Fence, Listener, MYSQL_MIGRATOR, MySqlStore, POSTGRES_MIGRATOR, Persisted,
+    Checkpoint, Committed, CompensationRecord, Conn, Fence, Listener, MYSQL_MIGRATOR, MySqlStore, POSTGRES_MIGRATOR,
     PgStore, Reopen, SQLITE_MIGRATOR, SQLITE_PHASE_FLAGS, SqliteStore, StepRecord, Store, Tx, WorkflowRecord,
     WorkflowUpdate, WorkflowWrite, compensation_status, kind, state, step_status,
 };

@@ -5,9 +5,7 @@ use serde_json::Value;
 
 use crate::error::{Error, Interrupt, failure_json};
 use crate::phase::{PhaseCommit, PhaseRow, PhaseStep, StatementPhase};
-use crate::store::{StepRecord, Store, WorkflowUpdate, kind, step_status};
-
-use super::commit::Single;
+use crate::store::{Committed, StepRecord, Store, WorkflowUpdate, kind, step_status};
 
 use super::WorkflowContext;
 
@@ -100,13 +98,13 @@ impl<S: Store> WorkflowContext<S> {
         let result = self.commit_single(update, Some(PhaseCommit { phase, rows: &rows, now })).await;
         drop(rows);
         let outputs = match result {
-            Ok(Single::Done(outputs)) => outputs,
-            Ok(Single::GuardFailed) if self.run.insert.is_some() => {
+            Ok(Some(Committed::Done { outputs, .. })) => outputs,
+            Ok(Some(Committed::GuardFailed)) if self.run.insert.is_some() => {
                 // The workflow's first commit: nothing of it exists, so it was never started.
                 self.abort_phase().await;
                 return Err(Interrupt::Refused(phase.guard_failure()));
             }
-            Ok(Single::GuardFailed) => {
+            Ok(Some(Committed::GuardFailed)) => {
                 self.abort_phase().await;
                 let failure = phase.guard_failure();
                 if let (Some(key), Some(first)) = (keys.first(), phase.steps.first()) {
@@ -120,7 +118,15 @@ impl<S: Store> WorkflowContext<S> {
                 }
                 return Err(Interrupt::Failed(failure));
             }
-            Ok(Single::Unsupported) => {
+            Ok(Some(Committed::LeaseLost)) => {
+                self.abort_phase().await;
+                return Err(Interrupt::LeaseLost);
+            }
+            Ok(Some(Committed::Duplicate)) => {
+                self.abort_phase().await;
+                return Err(Interrupt::Duplicate);
+            }
+            Ok(None) => {
                 self.abort_phase().await;
                 let backend = self.core.store.backend();
                 return Err(Interrupt::Engine(Error::Unsupported(format!("statement phases on {backend}"))));

@@ -11,7 +11,7 @@
 use std::future::Future;
 
 use crate::error::Result;
-use crate::phase::{PhaseCommit, StatementOutcome};
+use crate::phase::PhaseCommit;
 
 mod common;
 mod compensations;
@@ -69,18 +69,34 @@ impl WorkflowUpdate {
     }
 }
 
-/// What a commit's bookkeeping found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Persisted {
-    /// Written; `notify` tells whether a waiter elsewhere asked to hear of the end.
+/// What one commit came to: the answer of [`Store::persist`] (the bookkeeping, inside the caller's transaction)
+/// and of [`Store::commit_statement`] (a whole commit as one call). Anything but `Done` means the commit must not
+/// stand: a one-call commit has rolled itself back, and after `persist` the caller rolls back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Committed {
+    /// Written.
     Done {
-        /// A waiter in another process asked to be notified.
+        /// A waiter in another process asked to hear of the workflow's end and this call did not tell it: the
+        /// caller does ([`Store::notify_finished`]) if the commit ends the workflow. Always `false` from
+        /// [`Store::commit_statement`], which tells such waiters itself.
         notify: bool,
+        /// Each statement phase step's output (JSON text; empty for an intent), `None` where its condition did
+        /// not hold, in the phase's order. Empty without a phase, so always from [`Store::persist`].
+        outputs: Vec<Option<String>>,
     },
-    /// The fence found another epoch: this worker lost the lease and must roll back.
+    /// The statement phase's guard did not hold (only a one-call commit with a guarded phase reports it).
+    GuardFailed,
+    /// The fence found another epoch: this worker lost the lease.
     LeaseLost,
-    /// The workflow row to insert exists: another start recorded it first; roll back.
+    /// The workflow row to insert exists: another start recorded it first.
     Duplicate,
+}
+
+impl Committed {
+    /// Written, with no phase outputs and nothing for the caller to notify.
+    pub(crate) fn done() -> Self {
+        Self::Done { notify: false, outputs: Vec::new() }
+    }
 }
 
 /// Everything one commit writes besides the business rows.
@@ -209,21 +225,21 @@ pub trait Store: Clone + Send + Sync + 'static {
         &self,
         conn: &mut Conn<Self>,
         checkpoint: &Checkpoint<'_>,
-    ) -> impl Future<Output = Result<Persisted>> + Send {
+    ) -> impl Future<Output = Result<Committed>> + Send {
         async move {
             let comps = checkpoint.compensations;
             if let WorkflowWrite::Insert(row) = checkpoint.workflow
                 && !self.insert_workflow(conn, row, comps.unwrap_or_default()).await?
             {
-                return Ok(Persisted::Duplicate);
+                return Ok(Committed::Duplicate);
             }
             self.write_steps(conn, checkpoint.steps).await?;
             Ok(match checkpoint.workflow {
-                WorkflowWrite::Insert(_) => Persisted::Done { notify: false },
+                WorkflowWrite::Insert(_) => Committed::done(),
                 WorkflowWrite::Fence(f) => {
                     match self.fence(conn, f.workflow_id, f.epoch, f.update, f.now, comps).await? {
-                        Some(notify) => Persisted::Done { notify },
-                        None => Persisted::LeaseLost,
+                        Some(notify) => Committed::Done { notify, outputs: Vec::new() },
+                        None => Committed::LeaseLost,
                     }
                 }
             })
@@ -234,13 +250,14 @@ pub trait Store: Clone + Send + Sync + 'static {
     /// `COMMIT` round trips; SQLite: one multi-statement call to the writer's thread), with the statement
     /// phase `phase` if given, and tells waiters in other processes when `finished`. A lost lease, a duplicate
     /// start or a failed guard roll the whole call back.
-    /// `None` when this backend cannot (the caller then uses a transaction).
+    /// `None` when this backend has no one-call commits (MySQL): nothing was done, and the caller commits in a
+    /// transaction instead.
     fn commit_statement(
         &self,
         checkpoint: &Checkpoint<'_>,
         phase: Option<PhaseCommit<'_>>,
         finished: bool,
-    ) -> impl Future<Output = Result<Option<StatementOutcome>>> + Send {
+    ) -> impl Future<Output = Result<Option<Committed>>> + Send {
         let _ = (checkpoint, phase, finished);
         async { Ok(None) }
     }

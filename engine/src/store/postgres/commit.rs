@@ -6,8 +6,8 @@ use sqlx::Row;
 use super::rows::{self, PgQuery};
 use super::{NOTIFY_CHANNEL, PgStore};
 use crate::error::Result;
-use crate::phase::{PhaseCommit, PhaseRow, SqlArg, StatementOutcome};
-use crate::store::{Checkpoint, Conn, Persisted, Store, WorkflowWrite, common, compensations};
+use crate::phase::{PhaseCommit, PhaseRow, SqlArg};
+use crate::store::{Checkpoint, Committed, Conn, Store, WorkflowWrite, common, compensations};
 
 /// The checkpoint's parts, each to become CTE `w0`, `w1`, … of one statement, parameters numbered from `$first`
 /// in the order [`bind_checkpoint`] binds: the workflow insert with its compensations (`RETURNING 1 AS
@@ -51,14 +51,14 @@ fn bind_checkpoint<'q>(q: PgQuery<'q>, c: &Checkpoint<'_>) -> Result<PgQuery<'q>
 
 /// [`Store::persist`] on Postgres: the workflow insert (first commit) and the step rows ride as data-modifying
 /// CTEs of the fence, or of a final check that the insert happened.
-pub(super) async fn persist(conn: &mut Conn<PgStore>, checkpoint: &Checkpoint<'_>) -> Result<Persisted> {
+pub(super) async fn persist(conn: &mut Conn<PgStore>, checkpoint: &Checkpoint<'_>) -> Result<Committed> {
     let (mut parts, _) = checkpoint_parts(checkpoint, 1);
     if checkpoint.is_first() {
         // `w0` is the insert: whether it wrote the row.
         parts.push("SELECT EXISTS (SELECT 1 FROM w0)".to_owned());
     }
     // Never empty: there is the fence, or the final check of the insert.
-    let Some(last) = parts.pop() else { return Ok(Persisted::Done { notify: false }) };
+    let Some(last) = parts.pop() else { return Ok(Committed::done()) };
     let mut sql = String::new();
     for (i, part) in parts.iter().enumerate() {
         sql.push_str(if i == 0 { "WITH " } else { ", " });
@@ -70,10 +70,10 @@ pub(super) async fn persist(conn: &mut Conn<PgStore>, checkpoint: &Checkpoint<'_
     let q = bind_checkpoint(sqlx::query(sqlx::AssertSqlSafe(sql)), checkpoint)?;
     let found: Option<bool> = q.try_map(|row: sqlx::postgres::PgRow| row.try_get(0)).fetch_optional(&mut *conn).await?;
     Ok(match (checkpoint.workflow, found) {
-        (WorkflowWrite::Insert(_), Some(false)) => Persisted::Duplicate,
-        (WorkflowWrite::Insert(_), _) => Persisted::Done { notify: false },
-        (WorkflowWrite::Fence(_), None) => Persisted::LeaseLost,
-        (WorkflowWrite::Fence(_), Some(notify)) => Persisted::Done { notify },
+        (WorkflowWrite::Insert(_), Some(false)) => Committed::Duplicate,
+        (WorkflowWrite::Insert(_), _) => Committed::done(),
+        (WorkflowWrite::Fence(_), None) => Committed::LeaseLost,
+        (WorkflowWrite::Fence(_), Some(notify)) => Committed::Done { notify, outputs: Vec::new() },
     })
 }
 
@@ -133,7 +133,7 @@ pub(super) async fn commit_statement(
     checkpoint: &Checkpoint<'_>,
     phase: Option<PhaseCommit<'_>>,
     finished: bool,
-) -> Result<Option<StatementOutcome>> {
+) -> Result<Option<Committed>> {
     let args = phase.map_or(0, |p| p.phase.args.len());
     let (parts, mut next) = checkpoint_parts(checkpoint, args + 1);
     let mut ctes: Vec<String> = phase.map(|p| p.phase.ctes.clone()).unwrap_or_default();
@@ -206,5 +206,6 @@ pub(super) async fn commit_statement(
         Err(e) => return Err(e.into()),
     };
     let first = if notify { 3 } else { 2 };
-    Ok(Some(StatementOutcome::Done(common::read_outputs(&row, first, rows.len())?)))
+    let outputs = common::read_outputs(&row, first, rows.len())?;
+    Ok(Some(Committed::Done { notify: false, outputs }))
 }

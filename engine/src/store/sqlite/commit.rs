@@ -6,8 +6,8 @@ use sqlx::Row;
 use super::rows::{self, SqliteQuery};
 use super::{PHASE_FLAGS, SqliteStore};
 use crate::error::Result;
-use crate::phase::{PhaseCommit, PhaseRow, SqlArg, StatementOutcome};
-use crate::store::{Checkpoint, Conn, Persisted, WorkflowWrite, common, compensations};
+use crate::phase::{PhaseCommit, PhaseRow, SqlArg};
+use crate::store::{Checkpoint, Committed, Conn, WorkflowWrite, common, compensations};
 
 /// The checkpoint's statements, parameters numbered from `$first` across all of them in the order
 /// [`bind_checkpoint`] binds: the workflow insert with its compensations (`RETURNING 1 AS inserted`), or else
@@ -49,19 +49,19 @@ fn bind_checkpoint<'q>(q: SqliteQuery<'q>, c: &Checkpoint<'_>) -> Result<SqliteQ
 /// [`crate::store::Store::persist`] on SQLite: one multi-statement query (one trip to the connection's worker
 /// thread instead of up to four); its rows tell whether the insert happened (`inserted`) and the fence's
 /// `notify`.
-pub(super) async fn persist(conn: &mut Conn<SqliteStore>, checkpoint: &Checkpoint<'_>) -> Result<Persisted> {
+pub(super) async fn persist(conn: &mut Conn<SqliteStore>, checkpoint: &Checkpoint<'_>) -> Result<Committed> {
     // Never empty: there is the insert or the fence.
     let (parts, _) = checkpoint_statements(checkpoint, 1);
     let q = bind_checkpoint(sqlx::query(sqlx::AssertSqlSafe(parts.join("; "))), checkpoint)?;
     let rows = q.fetch_all(&mut *conn).await?;
     Ok(match checkpoint.workflow {
         WorkflowWrite::Insert(_) if !rows.iter().any(|r| r.try_get::<i64, _>("inserted").is_ok()) => {
-            Persisted::Duplicate
+            Committed::Duplicate
         }
-        WorkflowWrite::Insert(_) => Persisted::Done { notify: false },
+        WorkflowWrite::Insert(_) => Committed::done(),
         WorkflowWrite::Fence(_) => match rows.iter().find_map(|r| r.try_get::<bool, _>("notify").ok()) {
-            Some(notify) => Persisted::Done { notify },
-            None => Persisted::LeaseLost,
+            Some(notify) => Committed::Done { notify, outputs: Vec::new() },
+            None => Committed::LeaseLost,
         },
     })
 }
@@ -130,7 +130,7 @@ pub(super) async fn commit_statement(
     store: &SqliteStore,
     checkpoint: &Checkpoint<'_>,
     phase: Option<PhaseCommit<'_>>,
-) -> Result<Option<StatementOutcome>> {
+) -> Result<Option<Committed>> {
     let args = phase.map_or(0, |p| p.phase.args.len());
     let (parts, mut next) = checkpoint_statements(checkpoint, args + 1);
     let check =
@@ -177,7 +177,7 @@ pub(super) async fn commit_statement(
                 Some(row) if !rows.is_empty() => common::read_outputs(row, 0, rows.len())?,
                 _ => Vec::new(),
             };
-            Ok(Some(StatementOutcome::Done(outputs)))
+            Ok(Some(Committed::Done { notify: false, outputs }))
         }
         Err(sqlx::Error::Database(e)) => match common::checked(e.message()) {
             Some(outcome) => Ok(Some(outcome)),
