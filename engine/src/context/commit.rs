@@ -35,7 +35,7 @@ impl<S: Store> WorkflowContext<S> {
         self.replay.comps.clone_from(&self.replay.committed_comps);
     }
 
-    /// Commits the pending rows and `update` (and `phase`, if given) as one statement, where the store can and
+    /// Commits the pending rows and `update` (and `phase`, if given) as one call, where the store can and
     /// no transaction is open: see [`Store::commit_statement`] (`None`: the store cannot, nothing was done). The
     /// commit is recorded as such only when `Done`.
     pub(super) async fn commit_single(

@@ -162,9 +162,14 @@ pub enum Reopen {
     Cancel,
 }
 
-/// Persistence of the engine. Implemented for Postgres ([`PgStore`]), SQLite ([`SqliteStore`]) and MySQL /
-/// MariaDB ([`MySqlStore`]); all pass the same conformance suite.
-pub trait Store: Clone + Send + Sync + 'static {
+/// Persistence of the engine, implemented for Postgres ([`PgStore`]), SQLite ([`SqliteStore`]) and MySQL /
+/// MariaDB ([`MySqlStore`]), which all pass one conformance suite (`tests/tests/store_conformance.rs`).
+/// Postgres and SQLite also commit a whole commit, statement phase included, as one call
+/// ([`Store::commit_statement`]); MySQL commits in a transaction and has no statement phases.
+///
+/// The trait is sealed: only the engine implements it, so every store is one that suite checks. Code outside
+/// the engine names it in bounds (`S: Store`) and calls it, but cannot implement it.
+pub trait Store: sealed::Sealed + Clone + Send + Sync + 'static {
     /// The sqlx database.
     type Db: sqlx::Database;
 
@@ -333,6 +338,17 @@ pub trait Store: Clone + Send + Sync + 'static {
     /// Waits for a notification that some workflow ended in another process (Postgres `LISTEN`). Returns the
     /// workflow id; `None` when this backend has no such channel (the caller then polls).
     fn listen(&self) -> impl Future<Output = Result<Option<Listener>>> + Send;
+}
+
+/// Seals [`Store`]: `Sealed` is public in a private module, so no crate but the engine can name it, and so none
+/// can implement [`Store`].
+mod sealed {
+    /// Implemented by the engine's stores only.
+    pub trait Sealed {}
+
+    impl Sealed for super::PgStore {}
+    impl Sealed for super::SqliteStore {}
+    impl Sealed for super::MySqlStore {}
 }
 
 /// A stream of ids of workflows that ended in another process.
