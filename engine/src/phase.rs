@@ -115,17 +115,3 @@ pub struct PhaseCommit<'a> {
     /// Now (ms): the steps' start and finish.
     pub now: i64,
 }
-
-/// What a single-statement commit came to.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum StatementOutcome {
-    /// Committed; each phase step's output (JSON text; empty for an intent), `None` where its condition did
-    /// not hold.
-    Done(Vec<Option<String>>),
-    /// The guard did not hold: nothing was written.
-    GuardFailed,
-    /// The fence found another epoch: nothing was written.
-    LeaseLost,
-    /// The workflow row to insert exists: nothing was written.
-    Duplicate,
-}

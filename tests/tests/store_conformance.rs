@@ -1,7 +1,8 @@
 //! The `Store` contract, run against every backend: what the engine relies on from each database.
 
 use onceflow_engine::store::{
-    Checkpoint, CompensationRecord, Fence, Persisted, Reopen, StepRecord, WorkflowRecord, WorkflowUpdate, state,
+    Checkpoint, Committed, CompensationRecord, Fence, Reopen, StepRecord, WorkflowRecord, WorkflowUpdate,
+    WorkflowWrite, state,
 };
 use onceflow_tests::{TestDb, on_every_backend};
 
@@ -55,31 +56,29 @@ async fn insert_is_unique<S: TestDb>(store: S) {
 async fn persist_inserts_once_then_fences<S: TestDb>(store: S) {
     let row = workflow("w", Some("me"), Some(100), 0);
     let first = Checkpoint {
-        insert: Some(&row),
+        workflow: WorkflowWrite::Insert(&row),
         steps: &[step_row("w", "a", "completed", 1)],
         compensations: None,
-        fence: None,
     };
     let mut tx = store.begin().await.unwrap();
-    assert_eq!(store.persist(&mut tx, &first).await.unwrap(), Persisted::Done { notify: false });
+    assert_eq!(store.persist(&mut tx, &first).await.unwrap(), Committed::Done { notify: false, outputs: vec![] });
     tx.commit().await.unwrap();
     let other = workflow("w", Some("you"), Some(100), 0);
     let second = Checkpoint {
-        insert: Some(&other),
+        workflow: WorkflowWrite::Insert(&other),
         steps: &[step_row("w", "a", "failed", 1)],
         compensations: None,
-        fence: None,
     };
     let mut tx = store.begin().await.unwrap();
-    assert_eq!(store.persist(&mut tx, &second).await.unwrap(), Persisted::Duplicate);
+    assert_eq!(store.persist(&mut tx, &second).await.unwrap(), Committed::Duplicate);
     tx.rollback().await.unwrap();
     assert_eq!(store.workflow("w").await.unwrap().unwrap().lease_owner.as_deref(), Some("me"));
     assert_eq!(store.steps("w").await.unwrap()[0].status, "completed");
     let update = WorkflowUpdate { state: Some(state::COMPLETED), ..Default::default() };
-    for (epoch, expected) in [(2, Persisted::LeaseLost), (1, Persisted::Done { notify: false })] {
-        let fence = Some(Fence { workflow_id: "w", epoch, update: &update, now: 5 });
+    for (epoch, expected) in [(2, Committed::LeaseLost), (1, Committed::Done { notify: false, outputs: vec![] })] {
+        let workflow = WorkflowWrite::Fence(Fence { workflow_id: "w", epoch, update: &update, now: 5 });
         let mut tx = store.begin().await.unwrap();
-        let done = store.persist(&mut tx, &Checkpoint { insert: None, steps: &[], compensations: None, fence }).await;
+        let done = store.persist(&mut tx, &Checkpoint { workflow, steps: &[], compensations: None }).await;
         assert_eq!(done.unwrap(), expected, "epoch {epoch}");
         tx.commit().await.unwrap();
     }
@@ -102,21 +101,21 @@ fn compensation(seq: i32, status: &str) -> CompensationRecord {
 async fn compensations_ride_with_the_workflow_row<S: TestDb>(store: S) {
     let row = workflow("w", Some("me"), Some(100), 0);
     let registered = [compensation(0, "registered"), compensation(1, "registered")];
-    let first = Checkpoint { insert: Some(&row), steps: &[], compensations: Some(&registered), fence: None };
+    let first = Checkpoint { workflow: WorkflowWrite::Insert(&row), steps: &[], compensations: Some(&registered) };
     let mut tx = store.begin().await.unwrap();
-    assert_eq!(store.persist(&mut tx, &first).await.unwrap(), Persisted::Done { notify: false });
+    assert_eq!(store.persist(&mut tx, &first).await.unwrap(), Committed::Done { notify: false, outputs: vec![] });
     tx.commit().await.unwrap();
     assert_eq!(store.compensations("w").await.unwrap(), registered);
     let update = WorkflowUpdate::default();
     let changed = [compensation(0, "done"), compensation(1, "failed")];
     for (epoch, expected, stored) in
-        [(2, Persisted::LeaseLost, &registered), (1, Persisted::Done { notify: false }, &changed)]
+        [(2, Committed::LeaseLost, &registered), (1, Committed::Done { notify: false, outputs: vec![] }, &changed)]
     {
-        let fence = Some(Fence { workflow_id: "w", epoch, update: &update, now: 5 });
-        let commit = Checkpoint { insert: None, steps: &[], compensations: Some(&changed), fence };
+        let workflow = WorkflowWrite::Fence(Fence { workflow_id: "w", epoch, update: &update, now: 5 });
+        let commit = Checkpoint { workflow, steps: &[], compensations: Some(&changed) };
         let mut tx = store.begin().await.unwrap();
         assert_eq!(store.persist(&mut tx, &commit).await.unwrap(), expected, "epoch {epoch}");
-        if expected == Persisted::LeaseLost {
+        if expected == Committed::LeaseLost {
             tx.rollback().await.unwrap();
         } else {
             tx.commit().await.unwrap();

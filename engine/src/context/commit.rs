@@ -2,8 +2,10 @@
 //! the store can and no transaction is open, else in the open phase's transaction; and the abort of a phase.
 
 use crate::error::{Error, Interrupt};
-use crate::phase::{PhaseCommit, StatementOutcome};
-use crate::store::{Checkpoint, Fence, Persisted, Store, Tx, WorkflowRecord, WorkflowUpdate, kind, state};
+use crate::phase::PhaseCommit;
+use crate::store::{
+    Checkpoint, Committed, Fence, Store, Tx, WorkflowRecord, WorkflowUpdate, WorkflowWrite, kind, state,
+};
 
 use super::WorkflowContext;
 
@@ -33,26 +35,23 @@ impl<S: Store> WorkflowContext<S> {
         self.replay.comps.clone_from(&self.replay.committed_comps);
     }
 
-    /// Commits the pending rows and `update` (and `phase`, if given) as one statement, where the store can and
-    /// no transaction is open.
+    /// Commits the pending rows and `update` (and `phase`, if given) as one call, where the store can and
+    /// no transaction is open: see [`Store::commit_statement`] (`None`: the store cannot, nothing was done). The
+    /// commit is recorded as such only when `Done`.
     pub(super) async fn commit_single(
         &mut self,
         update: &WorkflowUpdate,
         phase: Option<PhaseCommit<'_>>,
-    ) -> Result<Single, Interrupt> {
+    ) -> Result<Option<Committed>, Interrupt> {
         let now = self.core.now();
         let inserting = self.run.insert.as_ref().map(|row| update.applied_to(row, now));
         let checkpoint = self.checkpoint(inserting.as_ref(), update, now);
         let finished = update.state.is_some_and(state::is_final);
-        let outputs = match self.core.store.commit_statement(&checkpoint, phase, finished).await? {
-            None => return Ok(Single::Unsupported),
-            Some(StatementOutcome::GuardFailed) => return Ok(Single::GuardFailed),
-            Some(StatementOutcome::LeaseLost) => return Err(Interrupt::LeaseLost),
-            Some(StatementOutcome::Duplicate) => return Err(Interrupt::Duplicate),
-            Some(StatementOutcome::Done(outputs)) => outputs,
-        };
-        self.committed();
-        Ok(Single::Done(outputs))
+        let outcome = self.core.store.commit_statement(&checkpoint, phase, finished).await?;
+        if let Some(Committed::Done { .. }) = outcome {
+            self.committed();
+        }
+        Ok(outcome)
     }
 
     /// A commit's bookkeeping applying `update`: the pending rows, and the fence — or, on the first commit,
@@ -63,14 +62,14 @@ impl<S: Store> WorkflowContext<S> {
         update: &'a WorkflowUpdate,
         now: i64,
     ) -> Checkpoint<'a> {
-        let fence = inserting.is_none().then_some(Fence {
-            workflow_id: &self.run.workflow_id,
-            epoch: self.run.epoch,
-            update,
-            now,
-        });
+        let workflow = match inserting {
+            Some(row) => WorkflowWrite::Insert(row),
+            None => {
+                WorkflowWrite::Fence(Fence { workflow_id: &self.run.workflow_id, epoch: self.run.epoch, update, now })
+            }
+        };
         let compensations = (self.replay.comps != self.replay.committed_comps).then_some(&self.replay.comps[..]);
-        Checkpoint { insert: inserting, steps: &self.run.pending_steps, compensations, fence }
+        Checkpoint { workflow, steps: &self.run.pending_steps, compensations }
     }
 
     /// After a commit: nothing is pending, and a start waiting for the first commit hears of it.
@@ -90,14 +89,11 @@ impl<S: Store> WorkflowContext<S> {
             self.run_phase(&phase, &update).await?;
             return Ok(());
         }
-        if self.replay.tx.is_none() {
-            match self.commit_single(&update, None).await? {
-                Single::Done(_) => return Ok(()),
-                Single::GuardFailed => {
-                    return Err(Interrupt::Engine(Error::Unsupported("guard without a phase".into())));
-                }
-                Single::Unsupported => {}
-            }
+        if self.replay.tx.is_none()
+            && let Some(outcome) = self.commit_single(&update, None).await?
+        {
+            written(outcome)?;
+            return Ok(());
         }
         let now = self.core.now();
         let store = self.core.store.clone();
@@ -109,14 +105,9 @@ impl<S: Store> WorkflowContext<S> {
         // left the database (an external step commits its intent first), so a duplicate undoes everything.
         let inserting = self.run.insert.as_ref().map(|row| update.applied_to(row, now));
         let checkpoint = self.checkpoint(inserting.as_ref(), &update, now);
-        match store.persist(&mut tx, &checkpoint).await? {
-            Persisted::Duplicate => return Err(Interrupt::Duplicate),
-            Persisted::LeaseLost => return Err(Interrupt::LeaseLost),
-            Persisted::Done { notify } => {
-                if notify && update.state.is_some_and(state::is_final) {
-                    store.notify_finished(&mut tx, &self.run.workflow_id).await?;
-                }
-            }
+        let notify = written(store.persist(&mut tx, &checkpoint).await?)?;
+        if notify && update.state.is_some_and(state::is_final) {
+            store.notify_finished(&mut tx, &self.run.workflow_id).await?;
         }
         tx.commit().await?;
         self.committed();
@@ -124,12 +115,14 @@ impl<S: Store> WorkflowContext<S> {
     }
 }
 
-/// What a single-statement commit came to, seen from the context.
-pub(super) enum Single {
-    /// Committed, with the phase steps' outputs.
-    Done(Vec<Option<String>>),
-    /// The phase's guard did not hold: nothing was written.
-    GuardFailed,
-    /// The store has no single-statement commits: nothing was done.
-    Unsupported,
+/// The outcome of a commit without a statement phase: when written, whether to tell waiters elsewhere (see
+/// [`Committed::Done`]); else the interrupt of its refusal. Such a commit has no guard, so a failed one is the
+/// engine's error (a phase's outcome is read by `run_phase`).
+fn written(outcome: Committed) -> Result<bool, Interrupt> {
+    match outcome {
+        Committed::Done { notify, .. } => Ok(notify),
+        Committed::LeaseLost => Err(Interrupt::LeaseLost),
+        Committed::Duplicate => Err(Interrupt::Duplicate),
+        Committed::GuardFailed => Err(Interrupt::Engine(Error::Unsupported("guard without a phase".into()))),
+    }
 }

@@ -5,9 +5,7 @@ use serde_json::Value;
 
 use crate::error::{Error, Interrupt, failure_json};
 use crate::phase::{PhaseCommit, PhaseRow, PhaseStep, StatementPhase};
-use crate::store::{StepRecord, Store, WorkflowUpdate, kind, step_status};
-
-use super::commit::Single;
+use crate::store::{Committed, StepRecord, Store, WorkflowUpdate, kind, step_status};
 
 use super::WorkflowContext;
 
@@ -15,9 +13,9 @@ impl<S: Store> WorkflowContext<S> {
     /// Runs a statement phase: its transactional steps (see [`StatementPhase`]) and the commit they end with, as
     /// one call where the store can (Postgres: one statement, one round trip; SQLite: one call to the writer).
     /// Returns each step's output, `None` for a step whose condition did not hold and for an external step's
-    /// intent. A phase that already committed
-    /// returns its stored outputs; an open phase of closure steps commits first. Only for stores with
-    /// single-statement commits: elsewhere it fails the run (build phases only where the store has them).
+    /// intent. A phase that already committed returns its stored outputs; an open phase of closure steps commits
+    /// first. Only on the stores with one-call commits, Postgres and SQLite: on MySQL it fails the run (build
+    /// phases only where the store has them).
     pub async fn statement_phase(&mut self, phase: StatementPhase) -> Result<Vec<Option<Value>>, Interrupt> {
         if let Some(outputs) = self.replay_phase(&phase)? {
             return Ok(outputs);
@@ -31,7 +29,7 @@ impl<S: Store> WorkflowContext<S> {
 
     /// Defers the statement phase `phase` to the commit that completes the workflow, and returns `output`, which
     /// the body must return at once: the phase's steps, the workflow's end and its output are then written by
-    /// one statement. If the phase's guard does not hold there, the workflow fails with the guard's failure
+    /// one call. If the phase's guard does not hold there, the workflow fails with the guard's failure
     /// (and compensates) instead of completing.
     pub async fn finish_with<T>(&mut self, phase: StatementPhase, output: T) -> Result<T, Interrupt> {
         if self.replay_phase(&phase)?.is_some() {
@@ -69,7 +67,7 @@ impl<S: Store> WorkflowContext<S> {
         Ok(Some(outputs))
     }
 
-    /// Commits `phase` with the pending rows and `update` as one statement; records its steps.
+    /// Commits `phase` with the pending rows and `update` as one call; records its steps.
     pub(super) async fn run_phase(
         &mut self,
         phase: &StatementPhase,
@@ -100,13 +98,13 @@ impl<S: Store> WorkflowContext<S> {
         let result = self.commit_single(update, Some(PhaseCommit { phase, rows: &rows, now })).await;
         drop(rows);
         let outputs = match result {
-            Ok(Single::Done(outputs)) => outputs,
-            Ok(Single::GuardFailed) if self.run.insert.is_some() => {
+            Ok(Some(Committed::Done { outputs, .. })) => outputs,
+            Ok(Some(Committed::GuardFailed)) if self.run.insert.is_some() => {
                 // The workflow's first commit: nothing of it exists, so it was never started.
                 self.abort_phase().await;
                 return Err(Interrupt::Refused(phase.guard_failure()));
             }
-            Ok(Single::GuardFailed) => {
+            Ok(Some(Committed::GuardFailed)) => {
                 self.abort_phase().await;
                 let failure = phase.guard_failure();
                 if let (Some(key), Some(first)) = (keys.first(), phase.steps.first()) {
@@ -120,7 +118,15 @@ impl<S: Store> WorkflowContext<S> {
                 }
                 return Err(Interrupt::Failed(failure));
             }
-            Ok(Single::Unsupported) => {
+            Ok(Some(Committed::LeaseLost)) => {
+                self.abort_phase().await;
+                return Err(Interrupt::LeaseLost);
+            }
+            Ok(Some(Committed::Duplicate)) => {
+                self.abort_phase().await;
+                return Err(Interrupt::Duplicate);
+            }
+            Ok(None) => {
                 self.abort_phase().await;
                 let backend = self.core.store.backend();
                 return Err(Interrupt::Engine(Error::Unsupported(format!("statement phases on {backend}"))));

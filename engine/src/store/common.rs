@@ -2,9 +2,8 @@
 //! commit's failed check means, and lists of placeholders. Each backend writes its own statements around them,
 //! so that a decision is coded once while every query stays next to the code that binds it.
 
-use super::{Reopen, compensations, state};
+use super::{Committed, Reopen, compensations, state};
 use crate::error::{Error, Result};
-use crate::phase::StatementOutcome;
 
 /// The code a one-call commit raises when the phase's guard did not hold (Postgres: as the SQLSTATE of
 /// `onceflow_check`; SQLite: as the message of an `onceflow_checks` trigger).
@@ -15,11 +14,11 @@ pub(crate) const CHECK_FENCE: &str = "OF002";
 pub(crate) const CHECK_INSERT: &str = "OF003";
 
 /// The outcome of a one-call commit that raised `code`, if it is one of the checks'.
-pub(crate) fn checked(code: &str) -> Option<StatementOutcome> {
+pub(crate) fn checked(code: &str) -> Option<Committed> {
     match code {
-        CHECK_GUARD => Some(StatementOutcome::GuardFailed),
-        CHECK_FENCE => Some(StatementOutcome::LeaseLost),
-        CHECK_INSERT => Some(StatementOutcome::Duplicate),
+        CHECK_GUARD => Some(Committed::GuardFailed),
+        CHECK_FENCE => Some(Committed::LeaseLost),
+        CHECK_INSERT => Some(Committed::Duplicate),
         _ => None,
     }
 }

@@ -11,7 +11,7 @@
 use std::future::Future;
 
 use crate::error::Result;
-use crate::phase::{PhaseCommit, StatementOutcome};
+use crate::phase::PhaseCommit;
 
 mod common;
 mod compensations;
@@ -69,43 +69,72 @@ impl WorkflowUpdate {
     }
 }
 
-/// What a commit's bookkeeping found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Persisted {
-    /// Written; `notify` tells whether a waiter elsewhere asked to hear of the end.
+/// What one commit came to: the answer of [`Store::persist`] (the bookkeeping, inside the caller's transaction)
+/// and of [`Store::commit_statement`] (a whole commit as one call). Anything but `Done` means the commit must not
+/// stand: a one-call commit has rolled itself back, and after `persist` the caller rolls back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Committed {
+    /// Written.
     Done {
-        /// A waiter in another process asked to be notified.
+        /// A waiter in another process asked to hear of the workflow's end and this call did not tell it: the
+        /// caller does ([`Store::notify_finished`]) if the commit ends the workflow. Always `false` from
+        /// [`Store::commit_statement`], which tells such waiters itself.
         notify: bool,
+        /// Each statement phase step's output (JSON text; empty for an intent), `None` where its condition did
+        /// not hold, in the phase's order. Empty without a phase, so always from [`Store::persist`].
+        outputs: Vec<Option<String>>,
     },
-    /// The fence found another epoch: this worker lost the lease and must roll back.
+    /// The statement phase's guard did not hold (only a one-call commit with a guarded phase reports it).
+    GuardFailed,
+    /// The fence found another epoch: this worker lost the lease.
     LeaseLost,
-    /// The workflow row to insert exists: another start recorded it first; roll back.
+    /// The workflow row to insert exists: another start recorded it first.
     Duplicate,
+}
+
+impl Committed {
+    /// Written, with no phase outputs and nothing for the caller to notify.
+    pub(crate) fn done() -> Self {
+        Self::Done { notify: false, outputs: Vec::new() }
+    }
 }
 
 /// Everything one commit writes besides the business rows.
 #[derive(Debug, Clone, Copy)]
 pub struct Checkpoint<'a> {
-    /// The workflow row, on its first commit (then there is no fence).
-    pub insert: Option<&'a WorkflowRecord>,
+    /// What the commit writes to its workflow's row: the row itself on the first commit, the fence on every
+    /// later one.
+    pub workflow: WorkflowWrite<'a>,
     /// Step rows to insert or replace.
     pub steps: &'a [StepRecord],
     /// The workflow's whole compensation list, when this commit changes it (kept in the workflow's row).
     pub compensations: Option<&'a [CompensationRecord]>,
-    /// The fence, unless the transaction inserted the workflow row itself and changes nothing on it.
-    pub fence: Option<Fence<'a>>,
+}
+
+/// How a commit writes its workflow's row: each commit does exactly one of the two.
+#[derive(Debug, Clone, Copy)]
+pub enum WorkflowWrite<'a> {
+    /// The workflow's first commit inserts its row, as this commit leaves it and leased to its starter. It has
+    /// no fence (the epoch is the starter's) and finds no step row of the workflow; a row already there is a
+    /// duplicate start.
+    Insert(&'a WorkflowRecord),
+    /// Every later commit is fenced by the committer's lease epoch, and changes the row only while that holds.
+    Fence(Fence<'a>),
 }
 
 impl Checkpoint<'_> {
     /// The workflow's first commit: it inserts the workflow row and has no fence, so no step row of the
     /// workflow can exist yet.
     pub(crate) fn is_first(&self) -> bool {
-        self.insert.is_some() && self.fence.is_none()
+        matches!(self.workflow, WorkflowWrite::Insert(_))
     }
 
-    /// The workflow committed: the fence's, or the inserted row's.
-    pub(crate) fn workflow_id(&self) -> Option<&str> {
-        self.fence.map(|f| f.workflow_id).or(self.insert.map(|w| w.workflow_id.as_str()))
+    /// The workflow committed: the inserted row's, or the fence's.
+    pub(crate) fn workflow_id(&self) -> &str {
+        match self.workflow {
+            WorkflowWrite::Insert(row) => &row.workflow_id,
+            WorkflowWrite::Fence(fence) => fence.workflow_id,
+        }
     }
 }
 
@@ -133,9 +162,14 @@ pub enum Reopen {
     Cancel,
 }
 
-/// Persistence of the engine. Implemented for Postgres ([`PgStore`]), SQLite ([`SqliteStore`]) and MySQL /
-/// MariaDB ([`MySqlStore`]); all pass the same conformance suite.
-pub trait Store: Clone + Send + Sync + 'static {
+/// Persistence of the engine, implemented for Postgres ([`PgStore`]), SQLite ([`SqliteStore`]) and MySQL /
+/// MariaDB ([`MySqlStore`]), which all pass one conformance suite (`tests/tests/store_conformance.rs`).
+/// Postgres and SQLite also commit a whole commit, statement phase included, as one call
+/// ([`Store::commit_statement`]); MySQL commits in a transaction and has no statement phases.
+///
+/// The trait is sealed: only the engine implements it, so every store is one that suite checks. Code outside
+/// the engine names it in bounds (`S: Store`) and calls it, but cannot implement it.
+pub trait Store: sealed::Sealed + Clone + Send + Sync + 'static {
     /// The sqlx database.
     type Db: sqlx::Database;
 
@@ -176,9 +210,9 @@ pub trait Store: Clone + Send + Sync + 'static {
     /// Inserts or replaces step rows.
     fn write_steps(&self, conn: &mut Conn<Self>, steps: &[StepRecord]) -> impl Future<Output = Result<()>> + Send;
 
-    /// The fence of every commit: applies `update`, and replaces the compensation list (kept in the workflow's
-    /// row) when `compensations` is given, only if the workflow's `lease_epoch` is still `epoch`. Returns `None`
-    /// when the lease was lost, else whether a waiter elsewhere asked to be notified.
+    /// The fence of every commit after the first: applies `update`, and replaces the compensation list (kept in
+    /// the workflow's row) when `compensations` is given, only if the workflow's `lease_epoch` is still `epoch`.
+    /// Returns `None` when the lease was lost, else whether a waiter elsewhere asked to be notified.
     fn fence(
         &self,
         conn: &mut Conn<Self>,
@@ -190,27 +224,29 @@ pub trait Store: Clone + Send + Sync + 'static {
     ) -> impl Future<Output = Result<Option<bool>>> + Send;
 
     /// Writes a commit's bookkeeping inside its transaction: the workflow row (on its first commit), step
-    /// rows, the compensation list if it changed, and (when given) the fence. Backends may do it in one round
-    /// trip.
+    /// rows, the compensation list if it changed, and (on every later commit) the fence. Backends may do it in
+    /// one round trip.
     fn persist(
         &self,
         conn: &mut Conn<Self>,
         checkpoint: &Checkpoint<'_>,
-    ) -> impl Future<Output = Result<Persisted>> + Send {
+    ) -> impl Future<Output = Result<Committed>> + Send {
         async move {
             let comps = checkpoint.compensations;
-            if let Some(row) = checkpoint.insert
+            if let WorkflowWrite::Insert(row) = checkpoint.workflow
                 && !self.insert_workflow(conn, row, comps.unwrap_or_default()).await?
             {
-                return Ok(Persisted::Duplicate);
+                return Ok(Committed::Duplicate);
             }
             self.write_steps(conn, checkpoint.steps).await?;
-            Ok(match &checkpoint.fence {
-                Some(f) => match self.fence(conn, f.workflow_id, f.epoch, f.update, f.now, comps).await? {
-                    Some(notify) => Persisted::Done { notify },
-                    None => Persisted::LeaseLost,
-                },
-                None => Persisted::Done { notify: false },
+            Ok(match checkpoint.workflow {
+                WorkflowWrite::Insert(_) => Committed::done(),
+                WorkflowWrite::Fence(f) => {
+                    match self.fence(conn, f.workflow_id, f.epoch, f.update, f.now, comps).await? {
+                        Some(notify) => Committed::Done { notify, outputs: Vec::new() },
+                        None => Committed::LeaseLost,
+                    }
+                }
             })
         }
     }
@@ -219,13 +255,14 @@ pub trait Store: Clone + Send + Sync + 'static {
     /// `COMMIT` round trips; SQLite: one multi-statement call to the writer's thread), with the statement
     /// phase `phase` if given, and tells waiters in other processes when `finished`. A lost lease, a duplicate
     /// start or a failed guard roll the whole call back.
-    /// `None` when this backend cannot (the caller then uses a transaction).
+    /// `None` when this backend has no one-call commits (MySQL): nothing was done, and the caller commits in a
+    /// transaction instead.
     fn commit_statement(
         &self,
         checkpoint: &Checkpoint<'_>,
         phase: Option<PhaseCommit<'_>>,
         finished: bool,
-    ) -> impl Future<Output = Result<Option<StatementOutcome>>> + Send {
+    ) -> impl Future<Output = Result<Option<Committed>>> + Send {
         let _ = (checkpoint, phase, finished);
         async { Ok(None) }
     }
@@ -301,6 +338,17 @@ pub trait Store: Clone + Send + Sync + 'static {
     /// Waits for a notification that some workflow ended in another process (Postgres `LISTEN`). Returns the
     /// workflow id; `None` when this backend has no such channel (the caller then polls).
     fn listen(&self) -> impl Future<Output = Result<Option<Listener>>> + Send;
+}
+
+/// Seals [`Store`]: `Sealed` is public in a private module, so no crate but the engine can name it, and so none
+/// can implement [`Store`].
+mod sealed {
+    /// Implemented by the engine's stores only.
+    pub trait Sealed {}
+
+    impl Sealed for super::PgStore {}
+    impl Sealed for super::SqliteStore {}
+    impl Sealed for super::MySqlStore {}
 }
 
 /// A stream of ids of workflows that ended in another process.

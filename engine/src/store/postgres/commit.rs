@@ -6,20 +6,20 @@ use sqlx::Row;
 use super::rows::{self, PgQuery};
 use super::{NOTIFY_CHANNEL, PgStore};
 use crate::error::Result;
-use crate::phase::{PhaseCommit, PhaseRow, SqlArg, StatementOutcome};
-use crate::store::{Checkpoint, Conn, Persisted, Store, common, compensations};
+use crate::phase::{PhaseCommit, PhaseRow, SqlArg};
+use crate::store::{Checkpoint, Committed, Conn, Store, WorkflowWrite, common, compensations};
 
 /// The checkpoint's parts, each to become CTE `w0`, `w1`, … of one statement, parameters numbered from `$first`
 /// in the order [`bind_checkpoint`] binds: the workflow insert with its compensations (`RETURNING 1 AS
-/// inserted`), the step rows, the fence with the compensations if they changed (`RETURNING notify`); and the
-/// next free parameter number.
+/// inserted`), or else the fence with the compensations if they changed (`RETURNING notify`), as the first
+/// part or the last, around the step rows; and the next free parameter number.
 ///
 /// A workflow's first commit (see [`Checkpoint::is_first`]) writes its step rows as plain inserts made only if
 /// the insert `w0` wrote the row: a workflow that did not exist has none of them, so nothing can conflict.
 fn checkpoint_parts(c: &Checkpoint<'_>, first: usize) -> (Vec<String>, usize) {
     let mut parts = Vec::new();
     let mut next = first;
-    if c.insert.is_some() {
+    if c.is_first() {
         parts.push(rows::insert_workflow_sql(next) + " RETURNING 1 AS inserted");
         next += rows::WORKFLOW_PARAMS;
     }
@@ -27,7 +27,7 @@ fn checkpoint_parts(c: &Checkpoint<'_>, first: usize) -> (Vec<String>, usize) {
         parts.push(rows::write_steps_sql(c.steps.len(), next, c.is_first().then_some("w0")));
         next += c.steps.len() * rows::STEP_PARAMS;
     }
-    if c.fence.is_some() {
+    if !c.is_first() {
         parts.push(rows::fence_sql(next));
         next += rows::FENCE_PARAMS;
     }
@@ -37,26 +37,28 @@ fn checkpoint_parts(c: &Checkpoint<'_>, first: usize) -> (Vec<String>, usize) {
 /// Binds a checkpoint for [`checkpoint_parts`].
 fn bind_checkpoint<'q>(q: PgQuery<'q>, c: &Checkpoint<'_>) -> Result<PgQuery<'q>> {
     let comps = c.compensations.map(compensations::encode).transpose()?;
-    let q = match c.insert {
-        Some(row) => rows::bind_workflow(q, row, comps.clone().unwrap_or_else(|| "[]".to_owned())),
-        None => q,
-    };
-    let q = rows::bind_steps(q, c.steps);
-    Ok(match &c.fence {
-        Some(f) => rows::bind_fence(q, f.workflow_id, f.epoch, f.update, f.now, comps),
-        None => q,
+    Ok(match c.workflow {
+        WorkflowWrite::Insert(row) => {
+            let q = rows::bind_workflow(q, row, comps.unwrap_or_else(|| "[]".to_owned()));
+            rows::bind_steps(q, c.steps)
+        }
+        WorkflowWrite::Fence(f) => {
+            let q = rows::bind_steps(q, c.steps);
+            rows::bind_fence(q, f.workflow_id, f.epoch, f.update, f.now, comps)
+        }
     })
 }
 
 /// [`Store::persist`] on Postgres: the workflow insert (first commit) and the step rows ride as data-modifying
 /// CTEs of the fence, or of a final check that the insert happened.
-pub(super) async fn persist(conn: &mut Conn<PgStore>, checkpoint: &Checkpoint<'_>) -> Result<Persisted> {
+pub(super) async fn persist(conn: &mut Conn<PgStore>, checkpoint: &Checkpoint<'_>) -> Result<Committed> {
     let (mut parts, _) = checkpoint_parts(checkpoint, 1);
     if checkpoint.is_first() {
         // `w0` is the insert: whether it wrote the row.
         parts.push("SELECT EXISTS (SELECT 1 FROM w0)".to_owned());
     }
-    let Some(last) = parts.pop() else { return Ok(Persisted::Done { notify: false }) };
+    // Never empty: there is the fence, or the final check of the insert.
+    let Some(last) = parts.pop() else { return Ok(Committed::done()) };
     let mut sql = String::new();
     for (i, part) in parts.iter().enumerate() {
         sql.push_str(if i == 0 { "WITH " } else { ", " });
@@ -67,11 +69,11 @@ pub(super) async fn persist(conn: &mut Conn<PgStore>, checkpoint: &Checkpoint<'_
     // The statement returns one boolean or nothing: the fence's `notify`, or whether the insert happened.
     let q = bind_checkpoint(sqlx::query(sqlx::AssertSqlSafe(sql)), checkpoint)?;
     let found: Option<bool> = q.try_map(|row: sqlx::postgres::PgRow| row.try_get(0)).fetch_optional(&mut *conn).await?;
-    Ok(match (checkpoint.insert, &checkpoint.fence, found) {
-        (_, Some(_), None) => Persisted::LeaseLost,
-        (_, Some(_), Some(notify)) => Persisted::Done { notify },
-        (Some(_), None, Some(false)) => Persisted::Duplicate,
-        _ => Persisted::Done { notify: false },
+    Ok(match (checkpoint.workflow, found) {
+        (WorkflowWrite::Insert(_), Some(false)) => Committed::Duplicate,
+        (WorkflowWrite::Insert(_), _) => Committed::done(),
+        (WorkflowWrite::Fence(_), None) => Committed::LeaseLost,
+        (WorkflowWrite::Fence(_), Some(notify)) => Committed::Done { notify, outputs: Vec::new() },
     })
 }
 
@@ -131,16 +133,15 @@ pub(super) async fn commit_statement(
     checkpoint: &Checkpoint<'_>,
     phase: Option<PhaseCommit<'_>>,
     finished: bool,
-) -> Result<Option<StatementOutcome>> {
+) -> Result<Option<Committed>> {
     let args = phase.map_or(0, |p| p.phase.args.len());
     let (parts, mut next) = checkpoint_parts(checkpoint, args + 1);
     let mut ctes: Vec<String> = phase.map(|p| p.phase.ctes.clone()).unwrap_or_default();
     ctes.extend(parts.iter().enumerate().map(|(i, part)| format!("w{i} AS ({part})")));
     // The bookkeeping's own check: the fence (the last part) matched, or else the insert (the first) happened.
-    let (held, code) = match (&checkpoint.fence, checkpoint.insert) {
-        (Some(_), _) => (format!("EXISTS (SELECT 1 FROM w{})", parts.len() - 1), common::CHECK_FENCE),
-        (None, Some(_)) => ("EXISTS (SELECT 1 FROM w0)".to_owned(), common::CHECK_INSERT),
-        (None, None) => ("TRUE".to_owned(), common::CHECK_FENCE),
+    let (held, code) = match checkpoint.workflow {
+        WorkflowWrite::Insert(_) => ("EXISTS (SELECT 1 FROM w0)".to_owned(), common::CHECK_INSERT),
+        WorkflowWrite::Fence(_) => (format!("EXISTS (SELECT 1 FROM w{})", parts.len() - 1), common::CHECK_FENCE),
     };
     let (workflow, now) = (next, next + 1);
     next += 2;
@@ -167,7 +168,7 @@ pub(super) async fn commit_statement(
             })
             .collect();
     }
-    let notify = finished && checkpoint.fence.is_some();
+    let notify = finished && !checkpoint.is_first();
     if notify {
         ctes.push(format!(
             "n AS (SELECT pg_notify(${next}::text, ${workflow}::text) FROM w{} WHERE notify)",
@@ -205,5 +206,6 @@ pub(super) async fn commit_statement(
         Err(e) => return Err(e.into()),
     };
     let first = if notify { 3 } else { 2 };
-    Ok(Some(StatementOutcome::Done(common::read_outputs(&row, first, rows.len())?)))
+    let outputs = common::read_outputs(&row, first, rows.len())?;
+    Ok(Some(Committed::Done { notify: false, outputs }))
 }

@@ -13,11 +13,11 @@ use sqlx::{Postgres, Row};
 use super::common::{self, Cleanup};
 use super::held::Held;
 use super::{
-    Checkpoint, CompensationRecord, Conn, Listener, ListenerInner, Persisted, Reopen, StepRecord, Store, Tx,
+    Checkpoint, Committed, CompensationRecord, Conn, Listener, ListenerInner, Reopen, StepRecord, Store, Tx,
     WorkflowRecord, WorkflowUpdate, Writer, compensations,
 };
 use crate::error::Result;
-use crate::phase::{PhaseCommit, StatementOutcome};
+use crate::phase::PhaseCommit;
 
 mod commit;
 mod rows;
@@ -140,7 +140,7 @@ impl Store for PgStore {
     }
 
     /// One statement (see `commit::persist`).
-    async fn persist(&self, conn: &mut Conn<Self>, checkpoint: &Checkpoint<'_>) -> Result<Persisted> {
+    async fn persist(&self, conn: &mut Conn<Self>, checkpoint: &Checkpoint<'_>) -> Result<Committed> {
         commit::persist(conn, checkpoint).await
     }
 
@@ -150,7 +150,7 @@ impl Store for PgStore {
         checkpoint: &Checkpoint<'_>,
         phase: Option<PhaseCommit<'_>>,
         finished: bool,
-    ) -> Result<Option<StatementOutcome>> {
+    ) -> Result<Option<Committed>> {
         commit::commit_statement(self, checkpoint, phase, finished).await
     }
 

@@ -6,17 +6,17 @@ use sqlx::Row;
 use super::rows::{self, SqliteQuery};
 use super::{PHASE_FLAGS, SqliteStore};
 use crate::error::Result;
-use crate::phase::{PhaseCommit, PhaseRow, SqlArg, StatementOutcome};
-use crate::store::{Checkpoint, Conn, Persisted, common, compensations};
+use crate::phase::{PhaseCommit, PhaseRow, SqlArg};
+use crate::store::{Checkpoint, Committed, Conn, WorkflowWrite, common, compensations};
 
 /// The checkpoint's statements, parameters numbered from `$first` across all of them in the order
-/// [`bind_checkpoint`] binds: the workflow insert with its compensations (`RETURNING 1 AS inserted`), the step
-/// upserts, the fence with the compensations if they changed (`RETURNING notify`); and the next free parameter
-/// number.
+/// [`bind_checkpoint`] binds: the workflow insert with its compensations (`RETURNING 1 AS inserted`), or else
+/// the fence with the compensations if they changed (`RETURNING notify`), as the first statement or the last,
+/// around the step upserts; and the next free parameter number.
 fn checkpoint_statements(c: &Checkpoint<'_>, first: usize) -> (Vec<String>, usize) {
     let mut parts = Vec::new();
     let mut next = first;
-    if c.insert.is_some() {
+    if c.is_first() {
         parts.push(rows::insert_workflow_sql(next) + " RETURNING 1 AS inserted");
         next += rows::WORKFLOW_PARAMS;
     }
@@ -24,7 +24,7 @@ fn checkpoint_statements(c: &Checkpoint<'_>, first: usize) -> (Vec<String>, usiz
         parts.push(rows::upsert_steps_sql(c.steps.len(), next));
         next += c.steps.len() * rows::STEP_PARAMS;
     }
-    if c.fence.is_some() {
+    if !c.is_first() {
         parts.push(rows::fence_sql(next));
         next += rows::FENCE_PARAMS;
     }
@@ -34,36 +34,35 @@ fn checkpoint_statements(c: &Checkpoint<'_>, first: usize) -> (Vec<String>, usiz
 /// Binds a checkpoint for [`checkpoint_statements`].
 fn bind_checkpoint<'q>(q: SqliteQuery<'q>, c: &Checkpoint<'_>) -> Result<SqliteQuery<'q>> {
     let comps = c.compensations.map(compensations::encode).transpose()?;
-    let q = match c.insert {
-        Some(row) => rows::bind_workflow(q, row, comps.clone().unwrap_or_else(|| "[]".to_owned())),
-        None => q,
-    };
-    let q = rows::bind_steps(q, c.steps);
-    Ok(match &c.fence {
-        Some(f) => rows::bind_fence(q, f.workflow_id, f.epoch, f.update, f.now, comps),
-        None => q,
+    Ok(match c.workflow {
+        WorkflowWrite::Insert(row) => {
+            let q = rows::bind_workflow(q, row, comps.unwrap_or_else(|| "[]".to_owned()));
+            rows::bind_steps(q, c.steps)
+        }
+        WorkflowWrite::Fence(f) => {
+            let q = rows::bind_steps(q, c.steps);
+            rows::bind_fence(q, f.workflow_id, f.epoch, f.update, f.now, comps)
+        }
     })
 }
 
 /// [`crate::store::Store::persist`] on SQLite: one multi-statement query (one trip to the connection's worker
 /// thread instead of up to four); its rows tell whether the insert happened (`inserted`) and the fence's
 /// `notify`.
-pub(super) async fn persist(conn: &mut Conn<SqliteStore>, checkpoint: &Checkpoint<'_>) -> Result<Persisted> {
+pub(super) async fn persist(conn: &mut Conn<SqliteStore>, checkpoint: &Checkpoint<'_>) -> Result<Committed> {
+    // Never empty: there is the insert or the fence.
     let (parts, _) = checkpoint_statements(checkpoint, 1);
-    if parts.is_empty() {
-        return Ok(Persisted::Done { notify: false });
-    }
     let q = bind_checkpoint(sqlx::query(sqlx::AssertSqlSafe(parts.join("; "))), checkpoint)?;
     let rows = q.fetch_all(&mut *conn).await?;
-    if checkpoint.insert.is_some() && !rows.iter().any(|r| r.try_get::<i64, _>("inserted").is_ok()) {
-        return Ok(Persisted::Duplicate);
-    }
-    if checkpoint.fence.is_none() {
-        return Ok(Persisted::Done { notify: false });
-    }
-    Ok(match rows.iter().find_map(|r| r.try_get::<bool, _>("notify").ok()) {
-        Some(notify) => Persisted::Done { notify },
-        None => Persisted::LeaseLost,
+    Ok(match checkpoint.workflow {
+        WorkflowWrite::Insert(_) if !rows.iter().any(|r| r.try_get::<i64, _>("inserted").is_ok()) => {
+            Committed::Duplicate
+        }
+        WorkflowWrite::Insert(_) => Committed::done(),
+        WorkflowWrite::Fence(_) => match rows.iter().find_map(|r| r.try_get::<bool, _>("notify").ok()) {
+            Some(notify) => Committed::Done { notify, outputs: Vec::new() },
+            None => Committed::LeaseLost,
+        },
     })
 }
 
@@ -131,7 +130,7 @@ pub(super) async fn commit_statement(
     store: &SqliteStore,
     checkpoint: &Checkpoint<'_>,
     phase: Option<PhaseCommit<'_>>,
-) -> Result<Option<StatementOutcome>> {
+) -> Result<Option<Committed>> {
     let args = phase.map_or(0, |p| p.phase.args.len());
     let (parts, mut next) = checkpoint_statements(checkpoint, args + 1);
     let check =
@@ -146,11 +145,10 @@ pub(super) async fn commit_statement(
     for (i, part) in parts.into_iter().enumerate() {
         sql.push(part);
         // Each check right after its statement, which `changes()` counts.
-        if i == 0 && checkpoint.insert.is_some() {
-            sql.push(check("changes() = 1", common::CHECK_INSERT));
-        }
-        if i == last && checkpoint.fence.is_some() {
-            sql.push(check("changes() = 1", common::CHECK_FENCE));
+        match checkpoint.workflow {
+            WorkflowWrite::Insert(_) if i == 0 => sql.push(check("changes() = 1", common::CHECK_INSERT)),
+            WorkflowWrite::Fence(_) if i == last => sql.push(check("changes() = 1", common::CHECK_FENCE)),
+            _ => {}
         }
     }
     let (workflow, now) = (next, next + 1);
@@ -179,7 +177,7 @@ pub(super) async fn commit_statement(
                 Some(row) if !rows.is_empty() => common::read_outputs(row, 0, rows.len())?,
                 _ => Vec::new(),
             };
-            Ok(Some(StatementOutcome::Done(outputs)))
+            Ok(Some(Committed::Done { notify: false, outputs }))
         }
         Err(sqlx::Error::Database(e)) => match common::checked(e.message()) {
             Some(outcome) => Ok(Some(outcome)),

@@ -16,11 +16,11 @@ use self::group_commit::GroupCommit;
 use super::common::{self, Cleanup};
 use super::held::Held;
 use super::{
-    Checkpoint, CompensationRecord, Conn, Listener, Persisted, Reopen, StepRecord, Store, Tx, WorkflowRecord,
+    Checkpoint, Committed, CompensationRecord, Conn, Listener, Reopen, StepRecord, Store, Tx, WorkflowRecord,
     WorkflowUpdate, Writer, compensations,
 };
 use crate::error::Result;
-use crate::phase::{PhaseCommit, StatementOutcome};
+use crate::phase::PhaseCommit;
 
 mod commit;
 mod group_commit;
@@ -166,7 +166,7 @@ impl Store for SqliteStore {
     }
 
     /// One multi-statement query (see `commit::persist`).
-    async fn persist(&self, conn: &mut Conn<Self>, checkpoint: &Checkpoint<'_>) -> Result<Persisted> {
+    async fn persist(&self, conn: &mut Conn<Self>, checkpoint: &Checkpoint<'_>) -> Result<Committed> {
         commit::persist(conn, checkpoint).await
     }
 
@@ -176,7 +176,7 @@ impl Store for SqliteStore {
         checkpoint: &Checkpoint<'_>,
         phase: Option<PhaseCommit<'_>>,
         _finished: bool,
-    ) -> Result<Option<StatementOutcome>> {
+    ) -> Result<Option<Committed>> {
         commit::commit_statement(self, checkpoint, phase).await
     }
 
