@@ -36,9 +36,9 @@ impl<S: Store> WorkflowContext<S> {
     }
 
     /// Commits the pending rows and `update` (and `phase`, if given) as one call, where the store can and
-    /// no transaction is open: see [`Store::commit_statement`] (`None`: the store cannot, nothing was done). The
+    /// no transaction is open: see [`Store::commit_in_one_call`] (`None`: the store cannot, nothing was done). The
     /// commit is recorded as such only when `Done`.
-    pub(super) async fn commit_single(
+    pub(super) async fn commit_in_one_call(
         &mut self,
         update: &WorkflowUpdate,
         phase: Option<PhaseCommit<'_>>,
@@ -47,7 +47,7 @@ impl<S: Store> WorkflowContext<S> {
         let inserting = self.run.insert.as_ref().map(|row| update.applied_to(row, now));
         let checkpoint = self.checkpoint(inserting.as_ref(), update, now);
         let finished = update.state.is_some_and(state::is_final);
-        let outcome = self.core.store.commit_statement(&checkpoint, phase, finished).await?;
+        let outcome = self.core.store.commit_in_one_call(&checkpoint, phase, finished).await?;
         if let Some(Committed::Done { .. }) = outcome {
             self.committed();
         }
@@ -90,7 +90,7 @@ impl<S: Store> WorkflowContext<S> {
             return Ok(());
         }
         if self.replay.tx.is_none()
-            && let Some(outcome) = self.commit_single(&update, None).await?
+            && let Some(outcome) = self.commit_in_one_call(&update, None).await?
         {
             written(outcome)?;
             return Ok(());

@@ -95,7 +95,7 @@ impl<S: Store> WorkflowContext<S> {
                 when: step.when.as_deref(),
             })
             .collect();
-        let result = self.commit_single(update, Some(PhaseCommit { phase, rows: &rows, now })).await;
+        let result = self.commit_in_one_call(update, Some(PhaseCommit { phase, rows: &rows, now })).await;
         drop(rows);
         let outputs = match result {
             Ok(Some(Committed::Done { outputs, .. })) => outputs,

@@ -70,7 +70,7 @@ impl WorkflowUpdate {
 }
 
 /// What one commit came to: the answer of [`Store::persist`] (the bookkeeping, inside the caller's transaction)
-/// and of [`Store::commit_statement`] (a whole commit as one call). Anything but `Done` means the commit must not
+/// and of [`Store::commit_in_one_call`] (a whole commit as one call). Anything but `Done` means the commit must not
 /// stand: a one-call commit has rolled itself back, and after `persist` the caller rolls back.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Committed {
@@ -78,7 +78,7 @@ pub enum Committed {
     Done {
         /// A waiter in another process asked to hear of the workflow's end and this call did not tell it: the
         /// caller does ([`Store::notify_finished`]) if the commit ends the workflow. Always `false` from
-        /// [`Store::commit_statement`], which tells such waiters itself.
+        /// [`Store::commit_in_one_call`], which tells such waiters itself.
         notify: bool,
         /// Each statement phase step's output (JSON text; empty for an intent), `None` where its condition did
         /// not hold, in the phase's order. Empty without a phase, so always from [`Store::persist`].
@@ -165,7 +165,7 @@ pub enum Reopen {
 /// Persistence of the engine, implemented for Postgres ([`PgStore`]), SQLite ([`SqliteStore`]) and MySQL /
 /// MariaDB ([`MySqlStore`]), which all pass one conformance suite (`tests/tests/store_conformance.rs`).
 /// Postgres and SQLite also commit a whole commit, statement phase included, as one call
-/// ([`Store::commit_statement`]); MySQL commits in a transaction and has no statement phases.
+/// ([`Store::commit_in_one_call`]); MySQL commits in a transaction and has no statement phases.
 ///
 /// The trait is sealed: only the engine implements it, so every store is one that suite checks. Code outside
 /// the engine names it in bounds (`S: Store`) and calls it, but cannot implement it.
@@ -257,7 +257,7 @@ pub trait Store: sealed::Sealed + Clone + Send + Sync + 'static {
     /// start or a failed guard roll the whole call back.
     /// `None` when this backend has no one-call commits (MySQL): nothing was done, and the caller commits in a
     /// transaction instead.
-    fn commit_statement(
+    fn commit_in_one_call(
         &self,
         checkpoint: &Checkpoint<'_>,
         phase: Option<PhaseCommit<'_>>,

@@ -125,10 +125,10 @@ fn bind_statement<'q>(
     Ok(q)
 }
 
-/// [`Store::commit_statement`] on Postgres: one statement in autocommit, the phase's CTEs, the bookkeeping's
+/// [`Store::commit_in_one_call`] on Postgres: one statement in autocommit, the phase's CTEs, the bookkeeping's
 /// CTEs, the phase's step rows, and a final `SELECT` whose `onceflow_check` calls raise (rolling everything
 /// back) when the guard, the fence or the insert did not hold.
-pub(super) async fn commit_statement(
+pub(super) async fn commit_in_one_call(
     store: &PgStore,
     checkpoint: &Checkpoint<'_>,
     phase: Option<PhaseCommit<'_>>,

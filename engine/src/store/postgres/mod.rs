@@ -144,14 +144,14 @@ impl Store for PgStore {
         commit::persist(conn, checkpoint).await
     }
 
-    /// One statement in autocommit (see `commit::commit_statement`).
-    async fn commit_statement(
+    /// One statement in autocommit (see `commit::commit_in_one_call`).
+    async fn commit_in_one_call(
         &self,
         checkpoint: &Checkpoint<'_>,
         phase: Option<PhaseCommit<'_>>,
         finished: bool,
     ) -> Result<Option<Committed>> {
-        commit::commit_statement(self, checkpoint, phase, finished).await
+        commit::commit_in_one_call(self, checkpoint, phase, finished).await
     }
 
     async fn notify_finished(&self, conn: &mut Conn<Self>, workflow_id: &str) -> Result<()> {

@@ -121,12 +121,12 @@ fn bind_statement<'q>(
     Ok(q)
 }
 
-/// [`crate::store::Store::commit_statement`] on SQLite: one multi-statement call to the writer's thread inside
+/// [`crate::store::Store::commit_in_one_call`] on SQLite: one multi-statement call to the writer's thread inside
 /// a group commit (see `GroupCommit`), the phase's statements, the bookkeeping, the phase's step rows and the
 /// outputs, where a transaction of closure steps costs a hand-off per statement and the writer waits through
 /// each. A check that fails (fence, insert, guard) inserts its code into `onceflow_checks`, whose triggers
 /// raise it (migration 0004), and the commit is undone alone.
-pub(super) async fn commit_statement(
+pub(super) async fn commit_in_one_call(
     store: &SqliteStore,
     checkpoint: &Checkpoint<'_>,
     phase: Option<PhaseCommit<'_>>,

@@ -170,14 +170,14 @@ impl Store for SqliteStore {
         commit::persist(conn, checkpoint).await
     }
 
-    /// One multi-statement call inside a group commit (see `commit::commit_statement`).
-    async fn commit_statement(
+    /// One multi-statement call inside a group commit (see `commit::commit_in_one_call`).
+    async fn commit_in_one_call(
         &self,
         checkpoint: &Checkpoint<'_>,
         phase: Option<PhaseCommit<'_>>,
         _finished: bool,
     ) -> Result<Option<Committed>> {
-        commit::commit_statement(self, checkpoint, phase).await
+        commit::commit_in_one_call(self, checkpoint, phase).await
     }
 
     async fn notify_finished(&self, _conn: &mut Conn<Self>, _workflow_id: &str) -> Result<()> {
