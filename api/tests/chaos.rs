@@ -148,6 +148,7 @@ async fn setup_payment(fleet: &Fleet, client: &reqwest::Client, order: &str, sal
     None
 }
 
+#[cfg_attr(onceflow_no_postgres, ignore = "DATABASE_URL is not set")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn chaos_nothing_lost_nothing_charged_twice_postgres() {
     let Some(db) = onceflow_tests::pg_url().await.unwrap() else {
@@ -158,6 +159,7 @@ async fn chaos_nothing_lost_nothing_charged_twice_postgres() {
     chaos(db, store).await;
 }
 
+#[cfg_attr(onceflow_no_mysql, ignore = "MYSQL_URL is not set")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn chaos_nothing_lost_nothing_charged_twice_mysql() {
     let Some(db) = onceflow_tests::mysql_url().await.unwrap() else {

@@ -132,6 +132,7 @@ async fn storm<S: PaymentStore>(db: String, store: S, processes: usize, n_orders
     client.delete(&replies).await;
 }
 
+#[cfg_attr(any(onceflow_no_postgres, onceflow_no_amqp), ignore = "DATABASE_URL or AMQP_URL is not set")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_storm_of_redelivered_commands_charges_once_postgres() {
     let Some(db) = onceflow_tests::pg_url().await.unwrap() else {
@@ -142,6 +143,7 @@ async fn a_storm_of_redelivered_commands_charges_once_postgres() {
     storm(db, store, 2, 100).await;
 }
 
+#[cfg_attr(any(onceflow_no_mysql, onceflow_no_amqp), ignore = "MYSQL_URL or AMQP_URL is not set")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_storm_of_redelivered_commands_charges_once_mysql() {
     let Some(db) = onceflow_tests::mysql_url().await.unwrap() else {
@@ -152,6 +154,7 @@ async fn a_storm_of_redelivered_commands_charges_once_mysql() {
     storm(db, store, 2, 100).await;
 }
 
+#[cfg_attr(onceflow_no_amqp, ignore = "AMQP_URL is not set")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_storm_of_redelivered_commands_charges_once_sqlite() {
     let db = common::database("sqlite").await.unwrap();
@@ -160,6 +163,7 @@ async fn a_storm_of_redelivered_commands_charges_once_sqlite() {
     storm(db, store, 1, 30).await;
 }
 
+#[cfg_attr(any(onceflow_no_postgres, onceflow_no_amqp), ignore = "DATABASE_URL or AMQP_URL is not set")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_command_under_an_http_payments_number_is_that_payment() {
     let Some(amqp) = amqp_url() else {
@@ -240,6 +244,7 @@ async fn a_command_under_an_http_payments_number_is_that_payment() {
     client.delete(&replies).await;
 }
 
+#[cfg_attr(onceflow_no_amqp, ignore = "AMQP_URL is not set")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn bad_messages_are_dead_lettered_once_with_their_code() {
     let Some(amqp) = amqp_url() else {
@@ -348,6 +353,7 @@ async fn metric(url: &str, line_start: &str) -> f64 {
     text.lines().find_map(|l| l.strip_prefix(line_start)).and_then(|v| v.trim().parse().ok()).unwrap_or(0.0)
 }
 
+#[cfg_attr(any(onceflow_no_postgres, onceflow_no_amqp), ignore = "DATABASE_URL or AMQP_URL is not set")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_storage_outage_returns_the_command_to_the_queue() {
     let Some(amqp) = amqp_url() else {
@@ -402,6 +408,7 @@ async fn a_storage_outage_returns_the_command_to_the_queue() {
     client.delete(&replies).await;
 }
 
+#[cfg_attr(onceflow_no_amqp, ignore = "AMQP_URL is not set")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sigterm_finishes_the_commands_in_flight_and_returns_the_rest() {
     let Some(amqp) = amqp_url() else {

@@ -22,6 +22,7 @@ fn rabbitmqctl(args: &[&str]) {
     assert!(status.success(), "rabbitmqctl {args:?} failed");
 }
 
+#[cfg_attr(onceflow_no_amqp, ignore = "AMQP_URL is not set")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn consumers_outlive_a_broker_restart() {
     let Some(amqp) = amqp_url() else {

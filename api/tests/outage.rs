@@ -121,6 +121,7 @@ impl Drop for Serve {
     }
 }
 
+#[cfg_attr(onceflow_no_postgres, ignore = "DATABASE_URL is not set")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_database_outage_is_503_then_everything_finishes_postgres() {
     let _servers = SERVERS.lock().await;
@@ -135,6 +136,7 @@ async fn a_database_outage_is_503_then_everything_finishes_postgres() {
     outage(&db, &server, async { PgStore::connect(&db, 2).await.unwrap() }).await;
 }
 
+#[cfg_attr(onceflow_no_mysql, ignore = "MYSQL_URL is not set")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_database_outage_is_503_then_everything_finishes_mysql() {
     let _servers = SERVERS.lock().await;
@@ -242,6 +244,7 @@ async fn outage<S: PaymentStore>(db: &str, server: &dyn Server, connect: impl st
     drop(serve);
 }
 
+#[cfg_attr(onceflow_no_postgres, ignore = "DATABASE_URL is not set")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_stopped_by_an_outage_resumes_without_a_restart_postgres() {
     let _servers = SERVERS.lock().await;
@@ -256,6 +259,7 @@ async fn a_run_stopped_by_an_outage_resumes_without_a_restart_postgres() {
     stopped_run(&db, &server, async { PgStore::connect(&db, 2).await.unwrap() }).await;
 }
 
+#[cfg_attr(onceflow_no_mysql, ignore = "MYSQL_URL is not set")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_stopped_by_an_outage_resumes_without_a_restart_mysql() {
     let _servers = SERVERS.lock().await;

@@ -159,6 +159,7 @@ async fn killed_serve_finishes_the_payment_on_sqlite() {
     killed_serve_finishes_the_payment(database("sqlite").await.unwrap()).await;
 }
 
+#[cfg_attr(onceflow_no_postgres, ignore = "DATABASE_URL is not set")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_serve_finishes_the_payment_on_postgres() {
     let Some(url) = database("postgres").await else {
@@ -168,6 +169,7 @@ async fn killed_serve_finishes_the_payment_on_postgres() {
     killed_serve_finishes_the_payment(url).await;
 }
 
+#[cfg_attr(onceflow_no_mysql, ignore = "MYSQL_URL is not set")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_serve_finishes_the_payment_on_mysql() {
     let Some(url) = database("mysql").await else {
@@ -306,6 +308,7 @@ async fn an_unresolved_payment_is_measured_and_warned_about_once_on_sqlite() {
     an_unresolved_payment_is_measured_and_warned_about_once(database("sqlite").await.unwrap()).await;
 }
 
+#[cfg_attr(onceflow_no_postgres, ignore = "DATABASE_URL is not set")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unresolved_payment_is_measured_and_warned_about_once_on_postgres() {
     let Some(url) = database("postgres").await else {
@@ -315,6 +318,7 @@ async fn an_unresolved_payment_is_measured_and_warned_about_once_on_postgres() {
     an_unresolved_payment_is_measured_and_warned_about_once(url).await;
 }
 
+#[cfg_attr(onceflow_no_mysql, ignore = "MYSQL_URL is not set")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unresolved_payment_is_measured_and_warned_about_once_on_mysql() {
     let Some(url) = database("mysql").await else {

@@ -207,6 +207,7 @@ macro_rules! backend_test {
         }
     };
     (postgres, $name:ident) => {
+        #[cfg_attr(onceflow_no_postgres, ignore = "DATABASE_URL is not set")]
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn postgres() {
             let Some(store) = onceflow_tests::pg_store().await.expect("postgres store") else {
@@ -217,6 +218,7 @@ macro_rules! backend_test {
         }
     };
     (mysql, $name:ident) => {
+        #[cfg_attr(onceflow_no_mysql, ignore = "MYSQL_URL is not set")]
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn mysql() {
             let Some(store) = onceflow_tests::mysql_store().await.expect("mysql store") else {

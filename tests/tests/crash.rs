@@ -66,6 +66,7 @@ async fn sigkill_then_resume_on_sqlite() {
     crash_and_check(url.clone(), async move { SqliteStore::connect(&url).await }).await;
 }
 
+#[cfg_attr(onceflow_no_postgres, ignore = "DATABASE_URL is not set")]
 #[tokio::test]
 async fn sigkill_then_resume_on_postgres() {
     let Some(url) = onceflow_tests::pg_url().await.unwrap() else {
@@ -75,6 +76,7 @@ async fn sigkill_then_resume_on_postgres() {
     crash_and_check(url.clone(), async move { PgStore::connect(&url, 2).await }).await;
 }
 
+#[cfg_attr(onceflow_no_mysql, ignore = "MYSQL_URL is not set")]
 #[tokio::test]
 async fn sigkill_then_resume_on_mysql() {
     let Some(url) = onceflow_tests::mysql_url().await.unwrap() else {

@@ -60,6 +60,7 @@ async fn a_deadlock_is_replayed_not_failed<S: TestDb>(store: S) {
     }
 }
 
+#[cfg_attr(onceflow_no_postgres, ignore = "DATABASE_URL is not set")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deadlock_is_replayed_not_failed_on_postgres() {
     let Some(store) = onceflow_tests::pg_store().await.unwrap() else {
@@ -69,6 +70,7 @@ async fn a_deadlock_is_replayed_not_failed_on_postgres() {
     a_deadlock_is_replayed_not_failed(store).await;
 }
 
+#[cfg_attr(onceflow_no_mysql, ignore = "MYSQL_URL is not set")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deadlock_is_replayed_not_failed_on_mysql() {
     let Some(store) = onceflow_tests::mysql_store().await.unwrap() else {

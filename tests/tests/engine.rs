@@ -411,6 +411,7 @@ on_every_backend!(
 
 /// A waiter in another process hears of the end through Postgres `NOTIFY`, not by polling: its poll interval
 /// is far longer than the test allows.
+#[cfg_attr(onceflow_no_postgres, ignore = "DATABASE_URL is not set")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_elsewhere_is_notified_on_postgres() {
     let Some(store) = onceflow_tests::pg_store().await.unwrap() else {

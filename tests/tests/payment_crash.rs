@@ -79,6 +79,7 @@ async fn payments_survive_sigkill_on_sqlite() {
     crash_matrix(store, &url).await;
 }
 
+#[cfg_attr(onceflow_no_postgres, ignore = "DATABASE_URL is not set")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn payments_survive_sigkill_on_postgres() {
     let Some(url) = onceflow_tests::pg_url().await.unwrap() else {
@@ -89,6 +90,7 @@ async fn payments_survive_sigkill_on_postgres() {
     crash_matrix(store, &url).await;
 }
 
+#[cfg_attr(onceflow_no_mysql, ignore = "MYSQL_URL is not set")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn payments_survive_sigkill_on_mysql() {
     let Some(url) = onceflow_tests::mysql_url().await.unwrap() else {
