@@ -177,6 +177,20 @@ async fn tenants_see_only_their_own(url: String) {
     assert_eq!(view.status, 200);
     assert!(!view.text.contains(&token[4..]), "the token itself is not shown");
     assert_eq!(view.json()["workflow"]["state"], "completed");
+    // contracts/http-api.md: times as RFC 3339; input, output and errors as JSON values, not strings.
+    let v = view.json();
+    let rfc3339 = |t: &serde_json::Value| t.as_str().is_some_and(|t| chrono::DateTime::parse_from_rfc3339(t).is_ok());
+    assert!(v["workflow"]["input"].is_object(), "{v}");
+    assert_eq!(v["workflow"]["input"]["order_no"], "O-1");
+    assert!(v["workflow"]["output"].is_object(), "{v}");
+    assert!(rfc3339(&v["workflow"]["created_at"]) && rfc3339(&v["workflow"]["updated_at"]), "{v}");
+    let steps = v["steps"].as_array().unwrap();
+    assert!(steps.iter().all(|s| rfc3339(&s["started_at"]) && rfc3339(&s["finished_at"])), "{v}");
+    let claimed = steps.iter().find(|s| s["step_key"] == "claim_token").unwrap();
+    assert_eq!(claimed["output"], json!(true), "the step's output as its JSON value, not a string: {v}");
+    let listed = acme.get("/v1/workflows").await.json();
+    let listed = &listed["workflows"][0];
+    assert!(listed["input"].is_object() && rfc3339(&listed["created_at"]), "{listed}");
     assert_eq!(globex.get("/v1/orders/O-1").await.json()["status"], "pending");
 }
 

@@ -5,7 +5,7 @@ use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use onceflow_engine::WorkflowView;
-use onceflow_engine::store::WorkflowRecord;
+use onceflow_engine::store::{StepRecord, WorkflowRecord};
 use serde::Deserialize;
 use serde_json::json;
 use utoipa::{IntoParams, OpenApi};
@@ -38,21 +38,52 @@ fn visible(state: &AppState, tenant: &str, record: &WorkflowRecord) -> bool {
     }
 }
 
-fn redacted(mut record: WorkflowRecord) -> serde_json::Value {
-    // The input holds the idempotency token: an operator needs the workflow, not the credential.
-    if let Ok(mut input) = serde_json::from_str::<serde_json::Value>(&record.input) {
-        if input.get("token").is_some() {
-            input["token"] = json!("***");
-        }
-        record.input = input.to_string();
+/// A stored JSON column as the JSON value it holds (a plain message, as older errors are, stays a string).
+fn json_value(stored: Option<&str>) -> serde_json::Value {
+    stored.map_or(serde_json::Value::Null, |s| serde_json::from_str(s).unwrap_or_else(|_| json!(s)))
+}
+
+/// A time of the store (ms since the epoch) as RFC 3339.
+fn time(ms: i64) -> serde_json::Value {
+    json!(crate::routes::orders::rfc3339(ms))
+}
+
+/// A workflow as operators see it (contracts/http-api.md): times as RFC 3339, input, output and error as JSON
+/// values; without the idempotency token (an operator needs the workflow, not the credential) and without the
+/// lease's internals.
+fn redacted(record: WorkflowRecord) -> serde_json::Value {
+    let mut input = json_value(Some(&record.input));
+    if input.get("token").is_some() {
+        input["token"] = json!("***");
     }
-    let mut v = serde_json::to_value(&record).unwrap_or_default();
-    if let Some(obj) = v.as_object_mut() {
-        obj.remove("lease_owner");
-        obj.remove("input_hash");
-        obj.remove("notify");
-    }
-    v
+    json!({
+        "workflow_id": record.workflow_id,
+        "name": record.name,
+        "state": record.state,
+        "input": input,
+        "output": json_value(record.output.as_deref()),
+        "error": json_value(record.error.as_deref()),
+        "lease_expires_at": record.lease_expires_at.map(time),
+        "lease_epoch": record.lease_epoch,
+        "next_attempt_at": time(record.next_attempt_at),
+        "created_at": time(record.created_at),
+        "updated_at": time(record.updated_at),
+    })
+}
+
+/// A step as operators see it: times as RFC 3339, output and error as JSON values.
+fn step_view(step: StepRecord) -> serde_json::Value {
+    json!({
+        "step_key": step.step_key,
+        "step_name": step.step_name,
+        "kind": step.kind,
+        "status": step.status,
+        "attempts": step.attempts,
+        "output": json_value(step.output.as_deref()),
+        "error": json_value(step.error.as_deref()),
+        "started_at": time(step.started_at),
+        "finished_at": step.finished_at.map(time),
+    })
 }
 
 async fn visible_view(state: &AppState, tenant: &str, id: &str) -> Result<WorkflowView, ApiError> {
@@ -77,7 +108,7 @@ pub async fn get_workflow(
     let view = visible_view(&state, &tenant, &id).await?;
     Ok(Json(json!({
         "workflow": redacted(view.workflow),
-        "steps": view.steps,
+        "steps": view.steps.into_iter().map(step_view).collect::<Vec<_>>(),
         "compensations": view.compensations.into_iter().map(|c| json!({
             "seq": c.seq, "step_key": c.step_key, "name": c.name, "status": c.status,
         })).collect::<Vec<_>>(),
