@@ -33,9 +33,9 @@ impl ApiError {
         Self::new(StatusCode::NOT_FOUND, code, "Not found", detail)
     }
 
-    /// `503 unavailable`, logging the cause.
-    pub fn unavailable(cause: &dyn std::fmt::Display) -> Self {
-        tracing::error!(error = %cause, "storage unavailable");
+    /// `503 unavailable`, logging the cause with its chain of sources.
+    pub fn unavailable(cause: &dyn std::error::Error) -> Self {
+        tracing::error!(error = %chain(cause), "storage unavailable");
         Self::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "unavailable",
@@ -44,11 +44,23 @@ impl ApiError {
         )
     }
 
-    /// `500 internal`, logging the cause.
-    pub fn internal(cause: &dyn std::fmt::Display) -> Self {
-        tracing::error!(error = %cause, "internal error");
+    /// `500 internal`, logging the cause with its chain of sources.
+    pub fn internal(cause: &dyn std::error::Error) -> Self {
+        tracing::error!(error = %chain(cause), "internal error");
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", "Internal error", "an internal error occurred")
     }
+}
+
+/// `e` and every source under it, `: `-separated, for the log.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
 }
 
 /// A JSON body answered with a content type and optional extra headers.

@@ -5,8 +5,14 @@
 #[non_exhaustive]
 pub enum Error {
     /// The database failed or could not be reached: answer `503` and let the client retry.
+    #[error("storage unavailable")]
+    Database(#[from] sqlx::Error),
+    /// The engine could not run or read the payment's workflow (the database, a shutdown): answer `503`.
+    #[error("the payment engine could not answer")]
+    Engine(#[from] onceflow_engine::Error),
+    /// Storage answered something it should not have (a row gone that was just written): answer `503`.
     #[error("storage unavailable: {0}")]
-    Unavailable(String),
+    Unavailable(&'static str),
     /// A request field is invalid (`400`, not stored).
     #[error("{0}")]
     Invalid(String),
@@ -15,17 +21,20 @@ pub enum Error {
     OrderConflict(String),
 }
 
-impl From<sqlx::Error> for Error {
-    fn from(e: sqlx::Error) -> Self {
-        Self::Unavailable(e.to_string())
-    }
-}
-
-impl From<onceflow_engine::Error> for Error {
-    fn from(e: onceflow_engine::Error) -> Self {
-        Self::Unavailable(e.to_string())
-    }
-}
-
 /// The payment service's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error as _;
+
+    use super::Error;
+
+    #[test]
+    fn a_storage_failure_keeps_its_cause() {
+        let e = Error::from(sqlx::Error::PoolTimedOut);
+        assert!(matches!(e.source().and_then(|s| s.downcast_ref::<sqlx::Error>()), Some(sqlx::Error::PoolTimedOut)));
+        let e = Error::from(onceflow_engine::Error::ShuttingDown);
+        assert!(e.source().is_some(), "the engine's error is the source, not flattened into a string");
+    }
+}

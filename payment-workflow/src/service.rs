@@ -112,8 +112,11 @@ impl<S: PaymentStore> Payments<S> {
             updated_at: now,
         };
         let created = self.store().insert_order(&order).await?;
-        let existing =
-            self.store().order(tenant, order_no).await?.ok_or_else(|| Error::Unavailable("order vanished".into()))?;
+        let existing = self
+            .store()
+            .order(tenant, order_no)
+            .await?
+            .ok_or_else(|| Error::Unavailable("the order vanished after its insert"))?;
         if !created && (existing.amount != amount || existing.currency != currency) {
             return Err(Error::OrderConflict(order_no.to_owned()));
         }
