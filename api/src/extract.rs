@@ -3,6 +3,7 @@
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{FromRequest, Request};
 use axum::http::StatusCode;
+use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
 use crate::error::ApiError;
@@ -45,4 +46,18 @@ pub(crate) fn payload_too_large() -> ApiError {
         "Payload too large",
         "bodies are limited to 64 KiB",
     )
+}
+
+/// An integer field as JSON means it: `1000` and `1000.0` are the same number (as JSON Schema's `integer` says),
+/// a fraction or a number outside `i64` is not an integer.
+pub(crate) fn integral<'de, D: serde::Deserializer<'de>>(d: D) -> Result<i64, D::Error> {
+    let n = serde_json::Number::deserialize(d)?;
+    if let Some(i) = n.as_i64() {
+        return Ok(i);
+    }
+    match n.as_f64() {
+        // Past 2^53 a float no longer names one integer.
+        Some(f) if f.fract() == 0.0 && f.abs() < 9_007_199_254_740_992.0 => Ok(f as i64),
+        _ => Err(serde::de::Error::custom(format!("invalid type: {n}, expected an integer"))),
+    }
 }

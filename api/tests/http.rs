@@ -284,6 +284,30 @@ on_every_backend!(
     five_hundred_requests_one_token,
 );
 
+/// The document says what the server does (what schemathesis checks): errors are problem+json, the statuses
+/// every operation can answer are listed, and request fields carry the constraints the server checks.
+#[tokio::test]
+async fn openapi_says_what_the_server_answers() {
+    let (app, _) = start_reliable(&database("sqlite").await.unwrap()).await;
+    let doc = app.get("/openapi.json").await.json();
+    let pay = &doc["paths"]["/v1/payments"]["post"]["responses"];
+    for status in ["401", "409", "413", "415", "503"] {
+        assert!(pay[status]["content"]["application/problem+json"].is_object(), "{status}: {pay}");
+        assert!(pay[status]["content"]["application/json"].is_null(), "{status}: {pay}");
+    }
+    let text = doc.to_string();
+    assert!(text.contains(r#""minimum":1"#) && text.contains("^[A-Z]{3}$"), "constraints in the schemas");
+    let bad_limit = app.get("/v1/workflows?limit=5000").await;
+    bad_limit.assert_problem(400, "invalid_request");
+    // An integer sent as 1000.0 is the integer JSON Schema says it is.
+    let order = app.post("/v1/orders", json!({"order_no": "O-f", "amount": 1000.0, "currency": "CNY"})).await;
+    assert_eq!(order.status, 201, "{}", order.text);
+    // The original design's route answers its `message` for every error, a rejected body included.
+    let legacy = app.post("/pay", json!({"order_no": "O-f"})).await;
+    assert_eq!(legacy.status, 400, "{}", legacy.text);
+    assert!(legacy.json()["message"].is_string(), "{}", legacy.text);
+}
+
 #[tokio::test]
 async fn openapi_covers_every_route_of_the_contract() {
     let (app, _) = start_reliable(&database("sqlite").await.unwrap()).await;

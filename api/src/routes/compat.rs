@@ -32,6 +32,7 @@ pub struct LegacyPay {
     #[serde(default)]
     pub request_no: Option<String>,
     /// Minor units.
+    #[serde(deserialize_with = "crate::extract::integral")]
     pub amount: i64,
 }
 
@@ -81,9 +82,27 @@ pub async fn legacy_token(
     ))]
 pub async fn legacy_pay(
     State(state): State<AppState>,
-    Tenant(tenant): Tenant,
-    ApiJson(body): ApiJson<LegacyPay>,
-) -> Result<Response, ApiError> {
+    tenant: Result<Tenant, ApiError>,
+    body: Result<ApiJson<LegacyPay>, ApiError>,
+) -> Response {
+    // Every error of this route carries the original `message`, a rejected body or key included.
+    let paid = match (tenant, body) {
+        (Ok(Tenant(tenant)), Ok(ApiJson(body))) => pay(&state, &tenant, body).await,
+        (Err(e), _) | (_, Err(e)) => Err(e),
+    };
+    paid.unwrap_or_else(|e| {
+        let status = e.status;
+        let problem = onceflow_payments::problem(status.as_u16(), e.code, e.title, &e.detail);
+        let mut response = legacy_error(status, &problem);
+        if status == StatusCode::SERVICE_UNAVAILABLE {
+            response.headers_mut().insert(axum::http::header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        response
+    })
+}
+
+async fn pay(state: &AppState, tenant: &str, body: LegacyPay) -> Result<Response, ApiError> {
+    let tenant = tenant.to_owned();
     let token = token_of(&HeaderMap::new(), Some(&body.token))?;
     let Some(order) = state.backend.order(&tenant, &body.order_no).await? else {
         let detail = format!("order {} does not exist", body.order_no);

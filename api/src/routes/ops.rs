@@ -8,12 +8,12 @@ use onceflow_engine::WorkflowView;
 use onceflow_engine::store::{StepRecord, WorkflowRecord};
 use serde::Deserialize;
 use serde_json::json;
-use utoipa::{IntoParams, OpenApi};
+use utoipa::IntoParams;
 
 use crate::error::ApiError;
 use crate::state::{AppState, Auth, Tenant};
 
-const WORKFLOW_STATES: [&str; 6] =
+pub(crate) const WORKFLOW_STATES: [&str; 6] =
     ["running", "compensating", "completed", "failed", "compensation_failed", "cancelled"];
 
 /// Filters of `GET /v1/workflows`.
@@ -128,7 +128,10 @@ pub async fn list_workflows(
     {
         return Err(ApiError::invalid(format!("state must be one of {}", WORKFLOW_STATES.join(", "))));
     }
-    let limit = q.limit.unwrap_or(50).clamp(1, 1000);
+    let limit = q.limit.unwrap_or(50);
+    if !(1..=1000).contains(&limit) {
+        return Err(ApiError::invalid("limit must be between 1 and 1000"));
+    }
     let page = state.backend.workflows(q.state.as_deref(), q.before, limit).await?;
     let next_before = (page.len() as i64 == limit).then(|| page.last().map(|w| w.created_at)).flatten();
     let workflows: Vec<_> = page.into_iter().filter(|w| visible(&state, &tenant, w)).map(redacted).collect();
@@ -212,6 +215,6 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
 
 /// This document.
 #[utoipa::path(get, path = "/openapi.json", tag = "operations", responses((status = 200, description = "OpenAPI 3.1")))]
-pub async fn openapi() -> Json<utoipa::openapi::OpenApi> {
-    Json(crate::openapi::ApiDoc::openapi())
+pub async fn openapi() -> Json<serde_json::Value> {
+    Json(crate::openapi::document())
 }

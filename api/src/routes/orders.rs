@@ -17,6 +17,7 @@ pub struct CreateOrder {
     /// Unique per tenant: 1–64 characters of `A-Z a-z 0-9 . _ : -`.
     pub order_no: String,
     /// Minor units, > 0.
+    #[serde(deserialize_with = "crate::extract::integral")]
     pub amount: i64,
     /// ISO 4217 (three upper-case letters).
     pub currency: String,

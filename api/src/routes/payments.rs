@@ -26,6 +26,7 @@ pub struct PaymentRequest {
     /// The order to pay.
     pub order_no: String,
     /// Minor units; must equal the order's.
+    #[serde(deserialize_with = "crate::extract::integral")]
     pub amount: i64,
     /// ISO 4217; must equal the order's.
     pub currency: String,
