@@ -36,6 +36,8 @@ const DRAIN_GRACE: Duration = Duration::from_secs(5);
 /// The first and the longest pause between connection attempts.
 const RECONNECT_FIRST: Duration = Duration::from_millis(200);
 const RECONNECT_MAX: Duration = Duration::from_secs(5);
+/// Longest a connection and its setup (channels, declarations, consume) may take before trying again.
+const SETUP_TIMEOUT: Duration = Duration::from_secs(10);
 /// The header naming why a message was dead-lettered (a problem `code`).
 const ERROR_HEADER: &str = "x-onceflow-error";
 /// The header with the problem's `detail`.
@@ -165,19 +167,28 @@ async fn declare(channel: &Channel, s: &Settings) -> Result<(), Ended> {
 async fn session(cx: &Arc<Context>, stop: &CancellationToken) -> Result<(), Ended> {
     let s = &cx.settings;
     let properties = ConnectionProperties::default().with_connection_name("onceflow consume".into());
-    let connection = tokio::select! {
-        () = stop.cancelled() => return Ok(()),
-        c = Connection::connect(&s.amqp_url, properties) => c?,
+    // A broker that is starting may accept the connection and then not answer the handshake: every step of
+    // setting up is bounded, so a consumer never waits forever for a broker that came back.
+    let setup = async {
+        let connection = Connection::connect(&s.amqp_url, properties).await?;
+        // Deliveries and their acks on one channel, answers on another with publisher confirms.
+        let deliveries = connection.create_channel().await?;
+        let publisher = connection.create_channel().await?;
+        publisher.confirm_select(ConfirmSelectOptions::default()).await?;
+        declare(&deliveries, s).await?;
+        deliveries.basic_qos(s.prefetch, BasicQosOptions::default()).await?;
+        let consumer = deliveries
+            .basic_consume(s.queue.as_str().into(), "".into(), BasicConsumeOptions::default(), FieldTable::default())
+            .await?;
+        Ok::<_, Ended>((connection, deliveries, publisher, consumer))
     };
-    // Deliveries and their acks on one channel, answers on another with publisher confirms.
-    let deliveries = connection.create_channel().await?;
-    let publisher = connection.create_channel().await?;
-    publisher.confirm_select(ConfirmSelectOptions::default()).await?;
-    declare(&deliveries, s).await?;
-    deliveries.basic_qos(s.prefetch, BasicQosOptions::default()).await?;
-    let mut consumer = deliveries
-        .basic_consume(s.queue.as_str().into(), "".into(), BasicConsumeOptions::default(), FieldTable::default())
-        .await?;
+    let (connection, deliveries, publisher, mut consumer) = tokio::select! {
+        () = stop.cancelled() => return Ok(()),
+        set = tokio::time::timeout(SETUP_TIMEOUT, setup) => match set {
+            Ok(set) => set?,
+            Err(_) => return Err(Ended::Lost { error: "the broker did not answer the setup in time".into(), consumed: false }),
+        },
+    };
     tracing::info!(
         amqp_url = %redact(&s.amqp_url), queue = %s.queue, tenant = %s.tenant, prefetch = s.prefetch,
         "consuming"
@@ -206,7 +217,7 @@ async fn session(cx: &Arc<Context>, stop: &CancellationToken) -> Result<(), Ende
     if let Some(error) = lost {
         // Dropping the tasks drops their deliveries: the broker requeues them with the connection.
         drop(tasks);
-        let _ = connection.close(200, "reconnecting".into()).await;
+        let _ = tokio::time::timeout(SETUP_TIMEOUT, connection.close(200, "reconnecting".into())).await;
         return Err(Ended::Lost { error, consumed: true });
     }
 

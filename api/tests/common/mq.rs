@@ -248,19 +248,27 @@ pub fn collect(url: &str, queue: &str) -> (Answers, mpsc::UnboundedReceiver<Stri
     tokio::spawn(async move {
         loop {
             let consumed = async {
-                let connection = Connection::connect(&url, ConnectionProperties::default()).await?;
-                let channel = connection.create_channel().await?;
-                channel
-                    .queue_declare(queue.as_str().into(), QueueDeclareOptions::durable(), FieldTable::default())
-                    .await?;
-                let mut consumer = channel
-                    .basic_consume(
-                        queue.as_str().into(),
-                        "".into(),
-                        BasicConsumeOptions::default(),
-                        FieldTable::default(),
-                    )
-                    .await?;
+                // Bounded: a broker that is starting may accept the connection and not answer its handshake.
+                let setup = async {
+                    let connection = Connection::connect(&url, ConnectionProperties::default()).await?;
+                    let channel = connection.create_channel().await?;
+                    channel
+                        .queue_declare(queue.as_str().into(), QueueDeclareOptions::durable(), FieldTable::default())
+                        .await?;
+                    let consumer = channel
+                        .basic_consume(
+                            queue.as_str().into(),
+                            "".into(),
+                            BasicConsumeOptions::default(),
+                            FieldTable::default(),
+                        )
+                        .await?;
+                    Ok::<_, lapin::Error>((connection, channel, consumer))
+                };
+                let Ok(set) = tokio::time::timeout(Duration::from_secs(10), setup).await else {
+                    return Ok(());
+                };
+                let (_connection, _channel, mut consumer) = set?;
                 while let Some(delivery) = consumer.next().await {
                     let delivery = delivery?;
                     let id = delivery.properties.correlation_id().as_ref().map(|c| c.to_string()).unwrap_or_default();
