@@ -51,13 +51,17 @@ impl ApiError {
     }
 }
 
-/// `e` and every source under it, `: `-separated, for the log.
+/// `e` and every source under it, `: `-separated, for the log (each message once).
 fn chain(e: &dyn std::error::Error) -> String {
     let mut text = e.to_string();
     let mut source = e.source();
     while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
+        // An error that shows its source in its own message (`database error: {0}`) is not repeated.
+        let message = s.to_string();
+        if !text.ends_with(&message) {
+            text.push_str(": ");
+            text.push_str(&message);
+        }
         source = s.source();
     }
     text

@@ -214,14 +214,13 @@ async fn run_once<S: Store>(
         };
         match ran {
             Ok(value) => return Ok(Outcome::Completed(value)),
-            // Before the first commit nothing of the workflow exists: the start is refused, nothing recorded.
-            Err(Interrupt::Refused(failure)) if !ctx.recorded() => {
-                ctx.abort_phase().await;
-                return Err(Interrupt::Refused(failure));
-            }
             Err(Interrupt::Refused(failure)) => {
-                // Like a failed step: the refusing phase is undone, not committed with the failure.
+                // The refusing phase is undone, not committed. Before the first commit nothing of the workflow
+                // exists, so the start is refused; after it, the refusal fails the workflow like a failed step.
                 ctx.abort_phase().await;
+                if !ctx.recorded() {
+                    return Err(Interrupt::Refused(failure));
+                }
                 ctx.commit(compensating(&failure)).await?;
                 failure
             }
