@@ -4,20 +4,24 @@
 //! ```no_run
 //! # async fn demo() -> anyhow::Result<()> {
 //! use std::{sync::Arc, time::Duration};
-//! use onceflow_api::{AppState, Auth, Backend, app};
-//! use onceflow_payments::MockChannel;
+//! use onceflow_api::{AppState, Auth, app};
+//! use onceflow_engine::SqliteStore;
+//! use onceflow_payments::{MockChannel, PaymentStore, Payments};
 //!
-//! let backend = Backend::connect("sqlite://demo.db", Arc::new(MockChannel::reliable()), Default::default(), 8).await?;
-//! let state = AppState { backend, auth: Auth::SingleTenant, wait: Duration::from_secs(10) };
+//! let store = SqliteStore::connect("sqlite://demo.db").await?;
+//! store.migrate_payments().await?;
+//! let payments = Payments::new(store, Arc::new(MockChannel::reliable()), Default::default());
+//! payments.engine().spawn_background();
+//! let state = AppState { payments, auth: Auth::SingleTenant, wait: Duration::from_secs(10) };
 //! let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
 //! axum::serve(listener, app(state)).await?;
 //! # Ok(()) }
 //! ```
 #![forbid(unsafe_code)]
 
-mod backend;
 pub mod config;
 mod consume;
+mod database;
 mod error;
 mod extract;
 pub mod metrics;
@@ -26,7 +30,7 @@ mod routes;
 mod run;
 mod state;
 
-pub use backend::{Backend, redact};
+pub use database::{OnPayments, redact, with_payments};
 pub use error::ApiError;
 pub use openapi::ApiDoc;
 pub use routes::{BODY_LIMIT, app};

@@ -5,10 +5,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use onceflow_engine::EngineConfig;
-use onceflow_payments::{Channel, HttpChannel, MockChannel, MockChannelConfig, mock_channel_router};
+use onceflow_payments::{
+    Channel, HttpChannel, MockChannel, MockChannelConfig, PaymentStore, Payments, mock_channel_router,
+};
 
-use crate::backend::Backend;
 use crate::config::{Command, ConfigError, DatabaseArgs, MockChannelArgs, ServeArgs, WorkflowsCommand, parse_api_keys};
+use crate::database::{OnPayments, redact, with_payments};
 use crate::state::{AppState, Auth};
 
 /// How long in-flight workflows get to reach a step boundary on shutdown.
@@ -90,10 +92,17 @@ fn channel(args: &ServeArgs) -> Result<Arc<dyn Channel>, ConfigError> {
     }
 }
 
-async fn connect(args: &ServeArgs) -> Result<Backend, ConfigError> {
+/// Runs `task` on the payment service `serve`, `worker` and `consume` configure: their database, channel and
+/// lease.
+async fn with_service<T: OnPayments>(args: &ServeArgs, task: T) -> Result<T::Output, ConfigError> {
     let channel = channel(args)?;
     let config = EngineConfig { lease: Duration::from_millis(args.lease_ms.max(100)), ..EngineConfig::default() };
-    Backend::connect(&args.database.database_url, channel, config, args.db_max_connections).await
+    with_payments(&args.database.database_url, channel, config, args.db_max_connections, task).await
+}
+
+/// Runs `task` on the service over the database of an operator command (which charges nothing).
+async fn with_database<T: OnPayments>(db: &DatabaseArgs, task: T) -> Result<T::Output, ConfigError> {
+    with_payments(&db.database_url, Arc::new(MockChannel::reliable()), EngineConfig::default(), 2, task).await
 }
 
 async fn serve(args: ServeArgs, http: bool) -> Result<(), Failure> {
@@ -108,26 +117,41 @@ async fn serve(args: ServeArgs, http: bool) -> Result<(), Failure> {
         ))
         .into());
     }
-    let backend = connect(&args).await?;
-    let background = backend.spawn_background();
-    let unresolved = spawn_unresolved_warnings(backend.clone(), args.unresolved_warn);
-    if http {
-        crate::metrics::install();
-        let listener = tokio::net::TcpListener::bind(args.listen)
-            .await
-            .map_err(|e| ConfigError(format!("cannot listen on {}: {e}", args.listen)))?;
-        tracing::info!(listen = %args.listen, database = %crate::backend::redact(&args.database.database_url), "serving");
-        let state = AppState { backend: backend.clone(), auth, wait: Duration::from_millis(args.wait_ms) };
-        axum::serve(listener, crate::routes::app(state)).with_graceful_shutdown(shutdown_signal()).await?;
-    } else {
-        tracing::info!("worker running");
-        shutdown_signal().await;
+    with_service(&args, Serve { args: args.clone(), auth, http }).await?
+}
+
+/// `serve` (with `http`) or `worker`, on the service once it is connected.
+struct Serve {
+    args: ServeArgs,
+    auth: Auth,
+    http: bool,
+}
+
+impl OnPayments for Serve {
+    type Output = Result<(), Failure>;
+
+    async fn run<S: PaymentStore>(self, payments: Payments<S>) -> Self::Output {
+        let Self { args, auth, http } = self;
+        let background = payments.engine().spawn_background();
+        let unresolved = spawn_unresolved_warnings(payments.clone(), args.unresolved_warn);
+        if http {
+            crate::metrics::install();
+            let listener = tokio::net::TcpListener::bind(args.listen)
+                .await
+                .map_err(|e| ConfigError(format!("cannot listen on {}: {e}", args.listen)))?;
+            tracing::info!(listen = %args.listen, database = %redact(&args.database.database_url), "serving");
+            let state = AppState { payments: payments.clone(), auth, wait: Duration::from_millis(args.wait_ms) };
+            axum::serve(listener, crate::routes::app(state)).with_graceful_shutdown(shutdown_signal()).await?;
+        } else {
+            tracing::info!("worker running");
+            shutdown_signal().await;
+        }
+        tracing::info!("shutting down: releasing in-flight workflows");
+        payments.engine().shutdown(SHUTDOWN_GRACE).await.map_err(|e| Failure::Other(e.into()))?;
+        background.abort();
+        unresolved.abort();
+        Ok(())
     }
-    tracing::info!("shutting down: releasing in-flight workflows");
-    backend.shutdown(SHUTDOWN_GRACE).await.map_err(|e| Failure::Other(e.into()))?;
-    background.abort();
-    unresolved.abort();
-    Ok(())
 }
 
 /// How many overdue unresolved payments one check reads (oldest first): what bounds the memory of warned ones.
@@ -136,7 +160,10 @@ const UNRESOLVED_BATCH: i64 = 1000;
 /// Every `min(threshold, 30 s)`, logs one warning per payment still unresolved (its record `processing`) for
 /// longer than `threshold`, once per process: the payments warned about are remembered until they are no longer
 /// overdue and unresolved. They are never failed here; the recovery loop keeps retrying them.
-fn spawn_unresolved_warnings(backend: Backend, threshold: Duration) -> tokio::task::JoinHandle<()> {
+fn spawn_unresolved_warnings<S: PaymentStore>(
+    payments: Payments<S>,
+    threshold: Duration,
+) -> tokio::task::JoinHandle<()> {
     let period = threshold.clamp(Duration::from_millis(100), Duration::from_secs(30));
     let threshold_ms = i64::try_from(threshold.as_millis()).unwrap_or(i64::MAX);
     tokio::spawn(async move {
@@ -146,14 +173,14 @@ fn spawn_unresolved_warnings(backend: Backend, threshold: Duration) -> tokio::ta
         loop {
             tick.tick().await;
             let now = chrono::Utc::now().timestamp_millis();
-            let overdue =
-                match backend.unresolved_payments_before(now.saturating_sub(threshold_ms), UNRESOLVED_BATCH).await {
-                    Ok(overdue) => overdue,
-                    Err(e) => {
-                        tracing::debug!(error = %e, "could not check for unresolved payments");
-                        continue;
-                    }
-                };
+            let created_before = now.saturating_sub(threshold_ms);
+            let overdue = match payments.engine().store().unresolved_before(created_before, UNRESOLVED_BATCH).await {
+                Ok(overdue) => overdue,
+                Err(e) => {
+                    tracing::debug!(error = %e, "could not check for unresolved payments");
+                    continue;
+                }
+            };
             // Forget the payments resolved since (a payment warned about stays overdue while it is unresolved,
             // and the oldest come first, so it stays in the batch).
             let current: std::collections::HashSet<(&str, &str)> =
@@ -175,31 +202,53 @@ fn spawn_unresolved_warnings(backend: Backend, threshold: Duration) -> tokio::ta
 
 async fn consume(args: crate::config::ConsumeArgs) -> Result<(), Failure> {
     let settings = crate::consume::Settings::from_args(&args)?;
-    let backend = connect(&args.serve).await?;
-    let background = backend.spawn_background();
-    crate::metrics::install();
-    if let Some(listen) = args.metrics_listen {
-        let listener = tokio::net::TcpListener::bind(listen)
-            .await
-            .map_err(|e| ConfigError(format!("cannot listen on {listen}: {e}")))?;
-        tokio::spawn(axum::serve(listener, crate::consume::metrics_app()).into_future());
+    with_service(&args.serve, Consume { settings, metrics_listen: args.metrics_listen }).await?
+}
+
+/// `consume`, on the service once it is connected.
+struct Consume {
+    settings: crate::consume::Settings,
+    metrics_listen: Option<std::net::SocketAddr>,
+}
+
+impl OnPayments for Consume {
+    type Output = Result<(), Failure>;
+
+    async fn run<S: PaymentStore>(self, payments: Payments<S>) -> Self::Output {
+        let background = payments.engine().spawn_background();
+        crate::metrics::install();
+        if let Some(listen) = self.metrics_listen {
+            let listener = tokio::net::TcpListener::bind(listen)
+                .await
+                .map_err(|e| ConfigError(format!("cannot listen on {listen}: {e}")))?;
+            tokio::spawn(axum::serve(listener, crate::consume::metrics_app()).into_future());
+        }
+        let stop = tokio_util::sync::CancellationToken::new();
+        let signal = stop.clone();
+        tokio::spawn(async move {
+            shutdown_signal().await;
+            signal.cancel();
+        });
+        let consumed = crate::consume::run(payments.clone(), self.settings, stop).await;
+        tracing::info!("shutting down: releasing in-flight workflows");
+        payments.engine().shutdown(SHUTDOWN_GRACE).await.map_err(|e| Failure::Other(e.into()))?;
+        background.abort();
+        consumed.map_err(Failure::Other)
     }
-    let stop = tokio_util::sync::CancellationToken::new();
-    let signal = stop.clone();
-    tokio::spawn(async move {
-        shutdown_signal().await;
-        signal.cancel();
-    });
-    let consumed = crate::consume::run(backend.clone(), settings, stop).await;
-    tracing::info!("shutting down: releasing in-flight workflows");
-    backend.shutdown(SHUTDOWN_GRACE).await.map_err(|e| Failure::Other(e.into()))?;
-    background.abort();
-    consumed.map_err(Failure::Other)
+}
+
+/// `migrate`: connecting migrated; nothing else to do.
+struct Migrated;
+
+impl OnPayments for Migrated {
+    type Output = ();
+
+    async fn run<S: PaymentStore>(self, _payments: Payments<S>) {}
 }
 
 async fn migrate(db: DatabaseArgs) -> Result<(), Failure> {
-    Backend::connect(&db.database_url, Arc::new(MockChannel::reliable()), EngineConfig::default(), 2).await?;
-    println!("migrations applied to {}", crate::backend::redact(&db.database_url));
+    with_database(&db, Migrated).await?;
+    println!("migrations applied to {}", redact(&db.database_url));
     Ok(())
 }
 
@@ -242,60 +291,70 @@ async fn workflows(cmd: WorkflowsCommand) -> Result<(), Failure> {
         | WorkflowsCommand::Retry { database, .. }
         | WorkflowsCommand::Cancel { database, .. } => database.clone(),
     };
-    let backend =
-        Backend::connect(&db.database_url, Arc::new(MockChannel::reliable()), EngineConfig::default(), 2).await?;
-    let run = async {
-        match cmd {
-            WorkflowsCommand::List { state, limit, .. } => {
-                let page = backend.workflows(state.as_deref(), None, limit).await?;
-                println!("{:<48} {:<10} {:<20} {:>5}  UPDATED", "WORKFLOW", "NAME", "STATE", "EPOCH");
-                for w in &page {
+    with_database(&db, Operate(cmd)).await?
+}
+
+/// `workflows list | show | retry | cancel`, on the engine once it is connected.
+struct Operate(WorkflowsCommand);
+
+impl OnPayments for Operate {
+    type Output = Result<(), Failure>;
+
+    async fn run<S: PaymentStore>(self, payments: Payments<S>) -> Self::Output {
+        let engine = payments.engine();
+        let run = async {
+            match self.0 {
+                WorkflowsCommand::List { state, limit, .. } => {
+                    let page = engine.list(state.as_deref(), None, limit).await?;
+                    println!("{:<48} {:<10} {:<20} {:>5}  UPDATED", "WORKFLOW", "NAME", "STATE", "EPOCH");
+                    for w in &page {
+                        println!(
+                            "{:<48} {:<10} {:<20} {:>5}  {}",
+                            w.workflow_id,
+                            w.name,
+                            w.state,
+                            w.lease_epoch,
+                            crate::routes::orders::rfc3339(w.updated_at)
+                        );
+                    }
+                    println!("({} shown)", page.len());
+                }
+                WorkflowsCommand::Show { workflow_id, .. } => {
+                    let view = engine
+                        .workflow(&workflow_id)
+                        .await?
+                        .ok_or_else(|| onceflow_engine::Error::NotFound(workflow_id.clone()))?;
+                    let w = &view.workflow;
                     println!(
-                        "{:<48} {:<10} {:<20} {:>5}  {}",
-                        w.workflow_id,
-                        w.name,
-                        w.state,
-                        w.lease_epoch,
-                        crate::routes::orders::rfc3339(w.updated_at)
+                        "workflow  {}\nname      {}\nstate     {}\nepoch     {}",
+                        w.workflow_id, w.name, w.state, w.lease_epoch
                     );
+                    if let Some(error) = &w.error {
+                        println!("error     {error}");
+                    }
+                    println!("\n{:<36} {:<14} {:<10} {:>8}  STARTED", "STEP", "KIND", "STATUS", "ATTEMPTS");
+                    for s in &view.steps {
+                        println!(
+                            "{:<36} {:<14} {:<10} {:>8}  {}",
+                            s.step_key,
+                            s.kind,
+                            s.status,
+                            s.attempts,
+                            crate::routes::orders::rfc3339(s.started_at)
+                        );
+                    }
                 }
-                println!("({} shown)", page.len());
-            }
-            WorkflowsCommand::Show { workflow_id, .. } => {
-                let view = backend
-                    .workflow(&workflow_id)
-                    .await?
-                    .ok_or_else(|| onceflow_engine::Error::NotFound(workflow_id.clone()))?;
-                let w = &view.workflow;
-                println!(
-                    "workflow  {}\nname      {}\nstate     {}\nepoch     {}",
-                    w.workflow_id, w.name, w.state, w.lease_epoch
-                );
-                if let Some(error) = &w.error {
-                    println!("error     {error}");
+                WorkflowsCommand::Retry { workflow_id, .. } => {
+                    println!("{workflow_id} is now {}", engine.retry(&workflow_id).await?.state);
                 }
-                println!("\n{:<36} {:<14} {:<10} {:>8}  STARTED", "STEP", "KIND", "STATUS", "ATTEMPTS");
-                for s in &view.steps {
-                    println!(
-                        "{:<36} {:<14} {:<10} {:>8}  {}",
-                        s.step_key,
-                        s.kind,
-                        s.status,
-                        s.attempts,
-                        crate::routes::orders::rfc3339(s.started_at)
-                    );
+                WorkflowsCommand::Cancel { workflow_id, .. } => {
+                    println!("{workflow_id} is now {}", engine.cancel(&workflow_id).await?.state);
                 }
             }
-            WorkflowsCommand::Retry { workflow_id, .. } => {
-                println!("{workflow_id} is now {}", backend.retry(&workflow_id).await?.state);
-            }
-            WorkflowsCommand::Cancel { workflow_id, .. } => {
-                println!("{workflow_id} is now {}", backend.cancel(&workflow_id).await?.state);
-            }
-        }
-        Ok::<_, onceflow_engine::Error>(())
-    };
-    run.await.map_err(|e| Failure::Other(e.into()))
+            Ok::<_, onceflow_engine::Error>(())
+        };
+        run.await.map_err(|e| Failure::Other(e.into()))
+    }
 }
 
 /// Resolves on Ctrl-C or SIGTERM.

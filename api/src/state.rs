@@ -8,21 +8,27 @@ use axum::http::request::Parts;
 use axum::http::{StatusCode, header};
 use sha2::{Digest, Sha256};
 
-use crate::backend::Backend;
+use onceflow_payments::{PaymentStore, Payments};
+
 use crate::error::ApiError;
 
 /// The tenant of requests when no API keys are configured.
 pub const DEFAULT_TENANT: &str = "default";
 
-/// Shared state of the HTTP API.
-#[derive(Clone)]
-pub struct AppState {
+/// Shared state of the HTTP API: the payment service on the store `S` chosen at start-up.
+pub struct AppState<S: PaymentStore> {
     /// The payment service.
-    pub backend: Backend,
+    pub payments: Payments<S>,
     /// How requests are authenticated.
     pub auth: Auth,
     /// Default wait of `POST /v1/payments` for a final result.
     pub wait: Duration,
+}
+
+impl<S: PaymentStore> Clone for AppState<S> {
+    fn clone(&self) -> Self {
+        Self { payments: self.payments.clone(), auth: self.auth.clone(), wait: self.wait }
+    }
 }
 
 /// How requests are authenticated.
@@ -67,10 +73,10 @@ fn digest(key: &str) -> [u8; 32] {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Tenant(pub String);
 
-impl FromRequestParts<AppState> for Tenant {
+impl<S: PaymentStore> FromRequestParts<AppState<S>> for Tenant {
     type Rejection = ApiError;
 
-    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
+    async fn from_request_parts(parts: &mut Parts, state: &AppState<S>) -> Result<Self, Self::Rejection> {
         let bearer = parts
             .headers
             .get(header::AUTHORIZATION)

@@ -18,7 +18,9 @@ use std::time::{Duration, Instant};
 
 use onceflow_engine::store::state;
 use onceflow_engine::{MySqlStore, PgStore};
-use onceflow_payments::{MockChannel, MockChannelConfig, PaymentStore, check_invariants, mock_channel_router};
+use onceflow_payments::{
+    MockChannel, MockChannelConfig, OrderNo, PaymentStore, Token, TokenState, check_invariants, mock_channel_router,
+};
 use serde_json::json;
 use tokio::sync::Mutex;
 
@@ -288,13 +290,14 @@ async fn chaos<S: PaymentStore>(db: String, store: S) {
     // Every duplicate got the same answer as its original: the one stored with the token, which is final.
     let answers = tally.answers.lock().await.clone();
     for (token, got) in &answers {
-        let stored = store.token_and_order(token, "default", "").await.unwrap().map(|(t, _)| t);
+        let (key, none) = (Token::parse(token.as_str()).unwrap(), OrderNo::parse("none").unwrap());
+        let stored = store.token_and_order(&key, "default", &none).await.unwrap().map(|(t, _)| t);
         let Some((status, body)) = stored.as_ref().and_then(|t| Some((t.response_status?, t.response_body.clone()?)))
         else {
             violations.push(format!("token {token}: answered {got:?} but stored nothing"));
             continue;
         };
-        if stored.is_some_and(|t| t.state == "in_use") {
+        if stored.is_some_and(|t| t.state == TokenState::InUse) {
             violations.push(format!("token {token} left in_use"));
         }
         for (s, b) in got {

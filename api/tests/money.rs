@@ -192,7 +192,7 @@ async fn a_cancel_during_a_charge(url: &str) {
     let started = Instant::now();
     let accepted = pay_in_background(&app, &token, body("O-1", 1000, "R-1")).await;
     assert_eq!(accepted.status, 202, "{}", accepted.text);
-    let workflow_id = payment_workflow_id(&token);
+    let workflow_id = payment_workflow_id(&onceflow_payments::Token::parse(token.as_str()).unwrap());
     tokio::time::sleep(Duration::from_millis(300)).await;
     let cancel = app.post(&format!("/v1/workflows/{workflow_id}/cancel"), json!({})).await;
     assert_eq!(cancel.status, 200, "{}", cancel.text);
@@ -244,7 +244,7 @@ async fn a_channel_without_close(url: &str) {
     let token = app.token().await;
     let accepted = pay_in_background(&app, &token, body("O-1", 1000, "R-1")).await;
     assert_eq!(accepted.status, 202, "{}", accepted.text);
-    let workflow_id = payment_workflow_id(&token);
+    let workflow_id = payment_workflow_id(&onceflow_payments::Token::parse(token.as_str()).unwrap());
     tokio::time::sleep(Duration::from_millis(300)).await;
     let cancel = app.post(&format!("/v1/workflows/{workflow_id}/cancel"), json!({})).await;
     assert_eq!(cancel.status, 200, "{}", cancel.text);
@@ -279,7 +279,7 @@ async fn a_cancel_of_a_rejected_payment(url: &str) {
         )
         .await;
     assert_eq!(p2.status, 202, "the rejection is held: {}", p2.text);
-    let w2 = payment_workflow_id(&t2);
+    let w2 = payment_workflow_id(&onceflow_payments::Token::parse(t2.as_str()).unwrap());
     let cancel = app.post(&format!("/v1/workflows/{w2}/cancel"), json!({})).await;
     assert!(cancel.status == 200 || cancel.json()["code"] == "invalid_state", "{}", cancel.text);
     tokio::time::sleep(Duration::from_millis(500)).await;

@@ -19,17 +19,14 @@ use common::mq::{
     Client, Consume, Fleet, amqp_url, collect, judge, kill, serve_channel, serve_mock, terminate, unique,
 };
 use lapin::types::AMQPValue;
-use onceflow_api::{Auth, Backend};
-use onceflow_engine::{EngineConfig, MySqlStore, PgStore, SqliteStore, Store};
+use onceflow_api::Auth;
+use onceflow_engine::{MySqlStore, PgStore, SqliteStore, Store};
 use onceflow_payments::{MockChannel, MockChannelConfig, PaymentStore, check_invariants};
 use serde_json::{Value, json};
 
 /// Creates `n` orders `O-0…` of 1000 CNY.
 async fn orders(db: &str, n: usize) {
-    let backend = Backend::connect(db, Arc::new(MockChannel::reliable()), EngineConfig::default(), 2).await.unwrap();
-    for i in 0..n {
-        backend.create_order("default", &format!("O-{i}"), 1000, "CNY").await.unwrap();
-    }
+    common::create_orders(db, n).await;
 }
 
 fn command(order: usize, request_no: &str) -> Value {

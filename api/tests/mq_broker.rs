@@ -8,12 +8,10 @@ mod common;
 
 use std::collections::HashMap;
 use std::process::Command;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::mq::{Client, Consume, Fleet, amqp_url, collect, judge, serve_mock, terminate, unique};
-use onceflow_api::Backend;
-use onceflow_engine::{EngineConfig, PgStore, SqliteStore};
+use onceflow_engine::{PgStore, SqliteStore};
 use onceflow_payments::{MockChannel, MockChannelConfig, PaymentStore, check_invariants};
 use serde_json::{Value, json};
 
@@ -40,7 +38,7 @@ async fn consumers_outlive_a_broker_restart() {
         }
         None => {
             let db = common::database("sqlite").await.unwrap();
-            Backend::connect(&db, Arc::new(MockChannel::reliable()), EngineConfig::default(), 2).await.unwrap();
+            common::create_orders(&db, 0).await;
             let store = SqliteStore::connect(&db).await.unwrap();
             restart_run(&amqp, db, store, 1).await;
         }
@@ -52,10 +50,7 @@ async fn restart_run<S: PaymentStore>(amqp: &str, db: String, store: S, processe
     // A slow channel keeps payments in flight while the broker goes away.
     let config = MockChannelConfig { latency_ms: 150, ..MockChannelConfig::default() };
     let (channel_url, channel) = serve_mock(MockChannel::new(config)).await;
-    let backend = Backend::connect(&db, Arc::new(MockChannel::reliable()), EngineConfig::default(), 2).await.unwrap();
-    for i in 0..ORDERS {
-        backend.create_order("default", &format!("O-{i}"), 1000, "CNY").await.unwrap();
-    }
+    common::create_orders(&db, ORDERS).await;
     let (queue, replies) = (unique("restart"), unique("restart.replies"));
     let client = Client::connect(amqp).await;
     client.declare(&replies).await;

@@ -28,6 +28,16 @@ impl<S: Store> Engine<S> {
         Ok(Some(WorkflowView { workflow, steps, compensations }))
     }
 
+    /// Whether the database answers.
+    pub async fn ready(&self) -> bool {
+        self.core.store.ping().await.is_ok()
+    }
+
+    /// How many workflows are in each state (a scan of the workflow table: for a scrape, not a request path).
+    pub async fn count_by_state(&self) -> Result<Vec<(String, i64)>> {
+        self.core.store.count_by_state().await
+    }
+
     /// A page of workflows, newest first, optionally in one state, created before `before` (ms).
     pub async fn list(&self, state: Option<&str>, before: Option<i64>, limit: i64) -> Result<Vec<WorkflowRecord>> {
         self.core.store.list(state, before, limit.clamp(1, 1000)).await

@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 
 use crate::channel::Ledger;
-use crate::model::{order_status, payment_status};
+use crate::model::{OrderStatus, PaymentStatus};
 use crate::store::PaymentStore;
 
 /// One broken invariant, said plainly.
@@ -18,19 +18,19 @@ pub async fn check_invariants<S: PaymentStore>(store: &S, ledger: &Ledger) -> Re
     let mut violations = Vec::new();
     let orders = store.all_orders().await?;
     let payments: HashMap<(String, String), _> =
-        store.all_payments().await?.into_iter().map(|p| ((p.tenant.clone(), p.request_no.clone()), p)).collect();
+        store.all_payments().await?.into_iter().map(|p| ((p.tenant.clone(), p.request_no.to_string()), p)).collect();
     for order in &orders {
         let (tenant, order_no) = (&order.tenant, &order.order_no);
-        let kept = ledger.kept_charges_of(tenant, order_no);
+        let kept = ledger.kept_charges_of(tenant, order_no.as_str());
         if kept > 1 {
             violations.push(Violation(format!("order {tenant}/{order_no} was charged {kept} times")));
         }
-        let paid = order.status == order_status::PAID;
+        let paid = order.status == OrderStatus::Paid;
         if paid != (kept == 1) {
             violations
                 .push(Violation(format!("order {tenant}/{order_no} is {} with {kept} kept charges", order.status)));
         }
-        if order.status == order_status::PAYING {
+        if order.status == OrderStatus::Paying {
             violations.push(Violation(format!("order {tenant}/{order_no} is left paying")));
         }
     }
@@ -38,20 +38,21 @@ pub async fn check_invariants<S: PaymentStore>(store: &S, ledger: &Ledger) -> Re
         let key = (charge.merchant_id.clone(), charge.merchant_request_no.clone());
         let name = format!("{}/{}", charge.merchant_id, charge.merchant_request_no);
         let record = payments.get(&key);
-        if charge.refunded && record.is_none_or(|p| p.order_no != charge.order_no || p.amount != charge.amount) {
+        if charge.refunded && record.is_none_or(|p| p.order_no != charge.order_no.as_str() || p.amount != charge.amount)
+        {
             violations.push(Violation(format!("charge {name} was refunded but is no payment of this tenant's")));
         }
         if !charge.is_kept() {
             continue;
         }
         match record {
-            Some(p) if p.status == payment_status::SUCCEEDED && p.order_no == charge.order_no => {}
+            Some(p) if p.status == PaymentStatus::Succeeded && p.order_no == charge.order_no.as_str() => {}
             Some(p) => violations
                 .push(Violation(format!("charge {name} succeeded but its payment is {} ({})", p.status, p.order_no))),
             None => violations.push(Violation(format!("charge {name} has no payment record"))),
         }
     }
-    for p in payments.values().filter(|p| p.status == payment_status::PROCESSING) {
+    for p in payments.values().filter(|p| p.status == PaymentStatus::Processing) {
         violations.push(Violation(format!("payment {}/{} is left processing", p.tenant, p.request_no)));
     }
     Ok(violations)

@@ -9,15 +9,16 @@
 //! ```no_run
 //! use std::{sync::Arc, time::Duration};
 //! use onceflow_engine::{EngineConfig, SqliteStore};
-//! use onceflow_payments::{MockChannel, PayRequest, PaymentStore, Payments};
+//! use onceflow_payments::{Currency, MockChannel, OrderNo, PayRequest, PaymentStore, Payments};
 //!
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! let store = SqliteStore::connect("sqlite://pay.db").await?;
 //! store.migrate_payments().await?;
 //! let payments = Payments::new(store, Arc::new(MockChannel::reliable()), EngineConfig::default());
-//! payments.create_order("default", "O-1", 1000, "CNY").await?;
+//! let (order_no, currency) = (OrderNo::parse("O-1")?, Currency::parse("CNY")?);
+//! payments.create_order("default", &order_no, 1000, &currency).await?;
 //! let token = payments.issue_token("default").await?;
-//! let request = PayRequest { order_no: "O-1".into(), amount: 1000, currency: "CNY".into(), request_no: None };
+//! let request = PayRequest::new(order_no, 1000, currency, None)?;
 //! let response = payments.pay("default", &token.token, "/v1/payments", &request, Duration::from_secs(10)).await?;
 //! assert_eq!(response.status, 201);
 //! # Ok(()) }
@@ -39,11 +40,10 @@ pub use channel::{
 pub use error::{Error, Result};
 pub use invariants::{Violation, check_invariants};
 pub use model::{
-    Order, PayRequest, PaymentRecord, StoredResponse, TokenRecord, order_status, payment_status, problem, token_state,
-    validate_currency, validate_key,
+    Currency, InvalidField, KEY_PATTERN, Order, OrderNo, OrderStatus, PayRequest, PaymentBody, PaymentRecord,
+    PaymentStatus, Problem, RequestNo, StoredResponse, TOKEN_PATTERN, Token, TokenRecord, TokenState, positive_amount,
+    problem,
 };
 pub use saga::{PaymentInput, PaymentSaga};
-pub use service::{
-    COMMAND_ROUTE, IssuedToken, PayResponse, Payments, TOKEN_TTL_MS, command_token, payment_workflow_id,
-};
+pub use service::{COMMAND_ROUTE, IssuedToken, PayResponse, Payments, TOKEN_TTL_MS, payment_workflow_id};
 pub use store::{PaymentStore, Reserve, ReserveSteps};

@@ -8,25 +8,25 @@ use onceflow_engine::{Engine, EngineConfig, Outcome};
 use crate::channel::Channel;
 use crate::error::{Error, Result};
 use crate::model::{
-    Order, PayRequest, PaymentRecord, StoredResponse, TokenRecord, hex_sha256, order_status, payment_body,
-    payment_status, problem, token_state,
+    Currency, Order, OrderNo, OrderStatus, PayRequest, PaymentBody, PaymentRecord, PaymentStatus, Problem, RequestNo,
+    StoredResponse, Token, TokenRecord, TokenState, hex_sha256, positive_amount,
 };
-use crate::saga::{PaymentInput, PaymentSaga, response_of};
+use crate::saga::{PaymentInput, PaymentSaga};
 use crate::store::PaymentStore;
 
 /// How long an unused token lives.
 pub const TOKEN_TTL_MS: i64 = 24 * 60 * 60 * 1000;
 
 /// The id of the workflow paying under `token`: derived from it, so repeats find it, without revealing it.
-pub fn payment_workflow_id(token: &str) -> String {
-    format!("pay:{}", &hex_sha256(token.as_bytes())[..32])
+pub fn payment_workflow_id(token: &Token) -> String {
+    format!("pay:{}", &hex_sha256(token.as_str().as_bytes())[..32])
 }
 
 /// A newly issued idempotency token.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct IssuedToken {
     /// The token: 256 random bits, hex.
-    pub token: String,
+    pub token: Token,
     /// When it expires if unused (ms since the epoch).
     pub expires_at: i64,
 }
@@ -50,7 +50,7 @@ impl PayResponse {
     }
 
     fn problem(status: u16, code: &str, title: &str, detail: &str) -> Self {
-        Self { status, body: problem(status, code, title, detail), replayed: false, location: None }
+        Self::fresh(Problem::new(status, code, title, detail).response())
     }
 }
 
@@ -91,22 +91,18 @@ impl<S: PaymentStore> Payments<S> {
     pub async fn create_order(
         &self,
         tenant: &str,
-        order_no: &str,
+        order_no: &OrderNo,
         amount: i64,
-        currency: &str,
+        currency: &Currency,
     ) -> Result<(Order, bool)> {
-        crate::model::validate_key("order_no", order_no).map_err(Error::Invalid)?;
-        if amount <= 0 {
-            return Err(Error::Invalid("amount must be a positive integer in minor units".into()));
-        }
-        crate::model::validate_currency(currency).map_err(Error::Invalid)?;
+        let amount = positive_amount(amount).map_err(|e| Error::Invalid(e.to_string()))?;
         let now = self.now();
         let order = Order {
             tenant: tenant.to_owned(),
-            order_no: order_no.to_owned(),
+            order_no: order_no.clone(),
             amount,
-            currency: currency.to_owned(),
-            status: order_status::PENDING.to_owned(),
+            currency: currency.clone(),
+            status: OrderStatus::Pending,
             version: 0,
             created_at: now,
             updated_at: now,
@@ -117,27 +113,25 @@ impl<S: PaymentStore> Payments<S> {
             .order(tenant, order_no)
             .await?
             .ok_or_else(|| Error::Unavailable("the order vanished after its insert"))?;
-        if !created && (existing.amount != amount || existing.currency != currency) {
-            return Err(Error::OrderConflict(order_no.to_owned()));
+        if !created && (existing.amount != amount || existing.currency != *currency) {
+            return Err(Error::OrderConflict(order_no.to_string()));
         }
         Ok((existing, created))
     }
 
     /// One order of the tenant.
-    pub async fn order(&self, tenant: &str, order_no: &str) -> Result<Option<Order>> {
+    pub async fn order(&self, tenant: &str, order_no: &OrderNo) -> Result<Option<Order>> {
         Ok(self.store().order(tenant, order_no).await?)
     }
 
     /// One payment of the tenant.
-    pub async fn payment(&self, tenant: &str, request_no: &str) -> Result<Option<PaymentRecord>> {
+    pub async fn payment(&self, tenant: &str, request_no: &RequestNo) -> Result<Option<PaymentRecord>> {
         Ok(self.store().payment(tenant, request_no).await?)
     }
 
     /// Issues an idempotency token for the tenant.
     pub async fn issue_token(&self, tenant: &str) -> Result<IssuedToken> {
-        let random = format!("{}{}", uuid::Uuid::new_v4().simple(), uuid::Uuid::new_v4().simple());
-        // Two v4 UUIDs carry 244 random bits; hashing keeps the token's form uniform.
-        let token = format!("tok_{}", hex_sha256(random.as_bytes()));
+        let token = Token::issue();
         let record = unused_token(tenant, &token, self.now());
         self.store().insert_token(&record).await?;
         Ok(IssuedToken { token, expires_at: record.expires_at })
@@ -153,14 +147,11 @@ impl<S: PaymentStore> Payments<S> {
     pub async fn pay(
         &self,
         tenant: &str,
-        token: &str,
+        token: &Token,
         route: &str,
         request: &PayRequest,
         wait: Duration,
     ) -> Result<PayResponse> {
-        if let Err(message) = request.validate() {
-            return Ok(PayResponse::problem(400, "invalid_request", "Invalid request", &message));
-        }
         let input = payment_input(tenant, token, route, request);
         match self.run(&input, wait, false).await {
             // Refused (nothing was recorded), attached to a run that was, or the token's workflow runs another
@@ -172,7 +163,8 @@ impl<S: PaymentStore> Payments<S> {
             ) => {}
             other => return Ok(other?),
         }
-        let Some((stored, order_exists)) = self.store().token_and_order(token, tenant, &request.order_no).await? else {
+        let Some((stored, order_exists)) = self.store().token_and_order(token, tenant, request.order_no()).await?
+        else {
             return Ok(not_found());
         };
         if stored.tenant != tenant {
@@ -181,8 +173,8 @@ impl<S: PaymentStore> Payments<S> {
         let bound = |f: &Option<String>, r: &Option<String>| {
             f.as_deref() == Some(&input.fingerprint) && r.as_deref() == Some(route)
         };
-        match stored.state.as_str() {
-            token_state::COMPLETED => {
+        match stored.state {
+            TokenState::Completed => {
                 if !bound(&stored.fingerprint, &stored.route) {
                     return Ok(mismatch());
                 }
@@ -193,18 +185,18 @@ impl<S: PaymentStore> Payments<S> {
                     location: None,
                 });
             }
-            token_state::IN_USE if !bound(&stored.fingerprint, &stored.route) => {
+            TokenState::InUse if !bound(&stored.fingerprint, &stored.route) => {
                 return Ok(mismatch());
             }
-            token_state::ISSUED if stored.expires_at <= self.now() => return Ok(not_found()),
+            TokenState::Issued if stored.expires_at <= self.now() => return Ok(not_found()),
             _ => {}
         }
         // The order must exist before anything is bound to the token: an unknown order is not stored.
         if !order_exists {
-            let detail = format!("order {} does not exist", request.order_no);
+            let detail = format!("order {} does not exist", request.order_no());
             return Ok(PayResponse::problem(404, "order_not_found", "Order not found", &detail));
         }
-        match self.run(&input, wait, stored.state != token_state::ISSUED).await {
+        match self.run(&input, wait, stored.state != TokenState::Issued).await {
             Ok(response) => Ok(response),
             // The tenant's token, whose workflow runs another request.
             Err(onceflow_engine::Error::Conflict { .. }) => Ok(mismatch()),
@@ -228,15 +220,12 @@ impl<S: PaymentStore> Payments<S> {
                 PayResponse { replayed, ..PayResponse::fresh(response) }
             }
             Some(Outcome::Failed(f) | Outcome::CompensationFailed(f) | Outcome::Cancelled(f)) => {
-                let response = response_of(&f).unwrap_or_else(|| StoredResponse {
-                    status: 502,
-                    body: problem(502, "payment_failed", "Payment failed", "the payment could not be completed"),
-                });
+                let response = Problem::of_failure(&f).unwrap_or_else(crate::saga::payment_failed).response();
                 PayResponse { replayed, ..PayResponse::fresh(response) }
             }
             None => PayResponse {
                 status: 202,
-                body: input.payment_body(payment_status::PROCESSING, None),
+                body: input.payment_body(PaymentStatus::Processing, None).render(),
                 replayed: false,
                 location: Some(format!("/v1/payments/{}", input.request_no)),
             },
@@ -258,13 +247,10 @@ impl<S: PaymentStore> Payments<S> {
     /// `idempotency_key_mismatch`. A `request_no` an HTTP payment of the tenant already used is that payment:
     /// its outcome, never a second charge. Invalid commands are `400` `invalid_request`, and nothing is stored.
     pub async fn pay_command(&self, tenant: &str, request: &PayRequest, wait: Duration) -> Result<PayResponse> {
-        let Some(request_no) = request.request_no.as_deref() else {
+        let Some(request_no) = request.request_no() else {
             return Ok(PayResponse::problem(400, "invalid_request", "Invalid request", "request_no is required"));
         };
-        if let Err(message) = request.validate() {
-            return Ok(PayResponse::problem(400, "invalid_request", "Invalid request", &message));
-        }
-        let token = command_token(tenant, request_no);
+        let token = Token::of_command(tenant, request_no);
         let now = self.now();
         self.store().ensure_token(&unused_token(tenant, &token, now)).await?;
         let mut response = self.pay(tenant, &token, COMMAND_ROUTE, request, wait).await?;
@@ -303,14 +289,16 @@ impl<S: PaymentStore> Payments<S> {
         request: &PayRequest,
         wait: Duration,
     ) -> Result<PayResponse> {
-        if record.order_no != request.order_no || record.amount != request.amount || record.currency != request.currency
+        if record.order_no != *request.order_no()
+            || record.amount != request.amount()
+            || record.currency != *request.currency()
         {
             return Ok(command_mismatch(&record.request_no));
         }
         let stored = || async {
             let found = self.store().token_and_order(&record.token, tenant, &record.order_no).await?;
             Ok::<_, Error>(found.and_then(|(t, _)| {
-                if t.state != token_state::COMPLETED || t.tenant != tenant {
+                if t.state != TokenState::Completed || t.tenant != tenant {
                     return None;
                 }
                 let status = u16::try_from(t.response_status?).ok()?;
@@ -332,26 +320,17 @@ impl<S: PaymentStore> Payments<S> {
             Err(e) => return Err(e.into()),
         }
         // Neither the token's response nor the workflow is kept any more: what the record says.
-        Ok(match record.status.as_str() {
-            payment_status::SUCCEEDED => {
-                PayResponse { status: 201, body: record.body(), replayed: true, location: None }
+        Ok(match record.status {
+            PaymentStatus::Succeeded => {
+                PayResponse { status: 201, body: record.body().render(), replayed: true, location: None }
             }
-            payment_status::PROCESSING => processing(&record),
+            PaymentStatus::Processing => processing(&record),
             _ => {
                 let detail = format!("request_no {} is already used by another payment", record.request_no);
                 PayResponse::problem(409, "request_no_conflict", "Request number in use", &detail)
             }
         })
     }
-}
-
-/// The idempotency token of a queued command: derived from its tenant and `request_no`, so every delivery of
-/// the command meets the same one. It holds a `:`, which an `Idempotency-Key` cannot, so no HTTP request can
-/// present it; it is never shown to anyone.
-pub fn command_token(tenant: &str, request_no: &str) -> String {
-    // Length-prefixed: no two (tenant, request_no) pairs share an input.
-    let identity = format!("{}:{tenant}{request_no}", tenant.len());
-    format!("mq:{}", hex_sha256(identity.as_bytes()))
 }
 
 /// The `code` of a problem answer.
@@ -363,7 +342,7 @@ fn problem_code(response: &PayResponse) -> Option<String> {
     body.get("code")?.as_str().map(str::to_owned)
 }
 
-fn command_mismatch(request_no: &str) -> PayResponse {
+fn command_mismatch(request_no: &RequestNo) -> PayResponse {
     let detail = format!("request_no {request_no} was used for a different request");
     PayResponse::problem(422, "idempotency_key_mismatch", "Idempotency key reused", &detail)
 }
@@ -372,40 +351,33 @@ fn command_mismatch(request_no: &str) -> PayResponse {
 fn processing(record: &PaymentRecord) -> PayResponse {
     PayResponse {
         status: 202,
-        body: payment_body(
-            &record.request_no,
-            &record.order_no,
-            record.amount,
-            &record.currency,
-            payment_status::PROCESSING,
-            None,
-        ),
+        body: PaymentBody { status: PaymentStatus::Processing, charge_id: None, ..record.body() }.render(),
         replayed: false,
         location: Some(format!("/v1/payments/{}", record.request_no)),
     }
 }
 
-/// The workflow input of a validated request: bound to its token, its fingerprint and route, and the payment's
-/// number (the client's, or derived from the token; never replaced).
-fn payment_input(tenant: &str, token: &str, route: &str, request: &PayRequest) -> PaymentInput {
+/// The workflow input of a request: bound to its token, its fingerprint and route, and the payment's number
+/// (the client's, or derived from the token; never replaced).
+fn payment_input(tenant: &str, token: &Token, route: &str, request: &PayRequest) -> PaymentInput {
     PaymentInput {
         tenant: tenant.to_owned(),
-        token: token.to_owned(),
+        token: token.clone(),
         route: route.to_owned(),
         fingerprint: request.fingerprint(),
-        order_no: request.order_no.clone(),
-        amount: request.amount,
-        currency: request.currency.clone(),
-        request_no: request.request_no.clone().unwrap_or_else(|| format!("R-{}", &hex_sha256(token.as_bytes())[..24])),
+        order_no: request.order_no().clone(),
+        amount: request.amount(),
+        currency: request.currency().clone(),
+        request_no: request.request_no().cloned().unwrap_or_else(|| RequestNo::of_token(token)),
     }
 }
 
 /// The tenant's `token`, unused, issued `now` and living [`TOKEN_TTL_MS`].
-fn unused_token(tenant: &str, token: &str, now: i64) -> TokenRecord {
+fn unused_token(tenant: &str, token: &Token, now: i64) -> TokenRecord {
     TokenRecord {
-        token: token.to_owned(),
+        token: token.clone(),
         tenant: tenant.to_owned(),
-        state: token_state::ISSUED.to_owned(),
+        state: TokenState::Issued,
         fingerprint: None,
         route: None,
         response_status: None,
@@ -415,7 +387,6 @@ fn unused_token(tenant: &str, token: &str, now: i64) -> TokenRecord {
         updated_at: now,
     }
 }
-
 fn not_found() -> PayResponse {
     PayResponse::problem(404, "token_not_found", "Token not found", "the token is unknown or expired")
 }

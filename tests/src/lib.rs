@@ -358,3 +358,38 @@ impl<S: TestDb> Workflow<S> for Steps {
         ctx.transactional("undo", move |conn| S::effect(conn, id, what)).await
     }
 }
+
+/// Valid values for the payment service's typed parameters, from literals (a typo panics).
+pub mod ids {
+    use onceflow_payments::{Currency, OrderNo, PayRequest, RequestNo, Token};
+
+    /// An order number.
+    pub fn order_no(value: impl Into<String>) -> OrderNo {
+        OrderNo::parse(value).expect("a valid order_no")
+    }
+
+    /// A payment number.
+    pub fn request_no(value: impl Into<String>) -> RequestNo {
+        RequestNo::parse(value).expect("a valid request_no")
+    }
+
+    /// A token as a client presents it.
+    pub fn token(value: impl Into<String>) -> Token {
+        Token::parse(value).expect("a valid token")
+    }
+
+    /// A currency.
+    pub fn currency(value: &str) -> Currency {
+        Currency::parse(value).expect("a valid currency")
+    }
+
+    /// `CNY`.
+    pub fn cny() -> Currency {
+        currency("CNY")
+    }
+
+    /// A request to pay `order_no` `amount` CNY, as the payment `request_no`.
+    pub fn pay_request(order: impl Into<String>, amount: i64, request_no: Option<&str>) -> PayRequest {
+        PayRequest::new(order_no(order), amount, cny(), request_no.map(self::request_no)).expect("a valid request")
+    }
+}

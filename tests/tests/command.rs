@@ -8,16 +8,21 @@ use std::time::Duration;
 
 use onceflow_engine::EngineConfig;
 use onceflow_payments::{
-    MockChannel, MockChannelConfig, PayRequest, PaymentStore, Payments, TokenRecord, check_invariants, command_token,
-    token_state,
+    MockChannel, MockChannelConfig, PayRequest, PaymentStore, Payments, Token, TokenRecord, TokenState,
+    check_invariants,
 };
+use onceflow_tests::ids::{cny, order_no, pay_request, request_no};
 use onceflow_tests::{TestDb, on_every_backend};
 
 const T: &str = "default";
 const WAIT: Duration = Duration::from_secs(20);
 
-fn request(order_no: &str, amount: i64, request_no: Option<&str>) -> PayRequest {
-    PayRequest { order_no: order_no.into(), amount, currency: "CNY".into(), request_no: request_no.map(Into::into) }
+fn request(order: &str, amount: i64, request_no: Option<&str>) -> PayRequest {
+    pay_request(order, amount, request_no)
+}
+
+fn command_token(tenant: &str, number: &str) -> Token {
+    Token::of_command(tenant, &request_no(number))
 }
 
 fn code(body: &str) -> String {
@@ -27,7 +32,7 @@ fn code(body: &str) -> String {
 async fn fifty_deliveries_of_one_command_charge_once<S: TestDb + PaymentStore>(store: S) {
     let channel = MockChannel::new(MockChannelConfig { latency_ms: 20, ..MockChannelConfig::default() });
     let p = Payments::new(store.clone(), Arc::new(channel.clone()), EngineConfig::default());
-    p.create_order(T, "O-1", 1000, "CNY").await.unwrap();
+    p.create_order(T, &order_no("O-1"), 1000, &cny()).await.unwrap();
     let mut tasks = Vec::new();
     for _ in 0..50 {
         let p = p.clone();
@@ -39,7 +44,7 @@ async fn fifty_deliveries_of_one_command_charge_once<S: TestDb + PaymentStore>(s
     }
     assert_eq!(answers[0].status, 201, "{}", answers[0].body);
     assert!(answers.iter().all(|a| a.status == 201 && a.body == answers[0].body), "answers differ");
-    assert!(!answers[0].body.contains(&command_token(T, "R-1")), "the token shows in the answer");
+    assert!(!answers[0].body.contains(command_token(T, "R-1").as_str()), "the token shows in the answer");
     assert_eq!(channel.ledger().kept_charges("O-1"), 1);
     // Later: the same bytes; other fields under the number: 422; no number or a bad field: 400.
     let again = p.pay_command(T, &request("O-1", 1000, Some("R-1")), WAIT).await.unwrap();
@@ -48,8 +53,7 @@ async fn fifty_deliveries_of_one_command_charge_once<S: TestDb + PaymentStore>(s
     assert_eq!((other.status, code(&other.body)), (422, "idempotency_key_mismatch".into()));
     let none = p.pay_command(T, &request("O-1", 1000, None), WAIT).await.unwrap();
     assert_eq!((none.status, code(&none.body)), (400, "invalid_request".into()));
-    let zero = p.pay_command(T, &request("O-1", 0, Some("R-2")), WAIT).await.unwrap();
-    assert_eq!((zero.status, code(&zero.body)), (400, "invalid_request".into()));
+    assert!(PayRequest::new(order_no("O-1"), 0, cny(), Some(request_no("R-2"))).is_err(), "a zero amount");
     // Another number for the paid order: refused, never charged.
     let late = p.pay_command(T, &request("O-1", 1000, Some("R-3")), WAIT).await.unwrap();
     assert_eq!((late.status, code(&late.body)), (409, "order_not_payable".into()));
@@ -61,7 +65,7 @@ async fn fifty_deliveries_of_one_command_charge_once<S: TestDb + PaymentStore>(s
 async fn a_command_under_an_http_number_is_that_payment<S: TestDb + PaymentStore>(store: S) {
     let channel = MockChannel::reliable();
     let p = Payments::new(store.clone(), Arc::new(channel.clone()), EngineConfig::default());
-    p.create_order(T, "O-1", 1000, "CNY").await.unwrap();
+    p.create_order(T, &order_no("O-1"), 1000, &cny()).await.unwrap();
     let token = p.issue_token(T).await.unwrap().token;
     let paid = p.pay(T, &token, "/v1/payments", &request("O-1", 1000, Some("H-1")), WAIT).await.unwrap();
     assert_eq!(paid.status, 201);
@@ -79,7 +83,7 @@ async fn the_commands_token_is_ensured_revived_and_left_alone_once_used<S: TestD
     let record = |expires_at: i64| TokenRecord {
         token: token.clone(),
         tenant: T.into(),
-        state: token_state::ISSUED.into(),
+        state: TokenState::Issued,
         fingerprint: None,
         route: None,
         response_status: None,
@@ -88,7 +92,7 @@ async fn the_commands_token_is_ensured_revived_and_left_alone_once_used<S: TestD
         expires_at,
         updated_at: 1_000,
     };
-    let read = || async { store.token_and_order(&token, T, "none").await.unwrap().unwrap().0 };
+    let read = || async { store.token_and_order(&token, T, &order_no("none")).await.unwrap().unwrap().0 };
     store.ensure_token(&record(2_000)).await.unwrap();
     store.ensure_token(&record(2_000)).await.unwrap();
     assert_eq!(read().await.expires_at, 2_000);
@@ -99,11 +103,12 @@ async fn the_commands_token_is_ensured_revived_and_left_alone_once_used<S: TestD
     store.ensure_token(&TokenRecord { created_at: 3_000, ..record(9_000) }).await.unwrap();
     assert_eq!(read().await.expires_at, 9_000);
     // Used: never touched.
-    store.execute("UPDATE idempotency_tokens SET state = 'in_use' WHERE token = $1", &token).await.unwrap();
+    store.execute("UPDATE idempotency_tokens SET state = 'in_use' WHERE token = $1", token.as_str()).await.unwrap();
     store.ensure_token(&TokenRecord { created_at: 20_000, ..record(99_000) }).await.unwrap();
     let used = read().await;
-    assert_eq!((used.state.as_str(), used.expires_at), ("in_use", 9_000));
-    assert!(token.starts_with("mq:") && command_token(T, "R-9") == token && command_token("other", "R-9") != token);
+    assert_eq!((used.state, used.expires_at), (TokenState::InUse, 9_000));
+    assert!(token.as_str().starts_with("mq:"));
+    assert!(command_token(T, "R-9") == token && command_token("other", "R-9") != token);
 }
 
 /// A command for an order that does not exist (yet) keeps its answer: a redelivery after the order was created
@@ -113,7 +118,7 @@ async fn a_command_for_an_unknown_order_keeps_its_answer<S: TestDb + PaymentStor
     let p = Payments::new(store.clone(), Arc::new(channel.clone()), EngineConfig::default());
     let first = p.pay_command(T, &request("O-9", 1000, Some("R-9")), WAIT).await.unwrap();
     assert_eq!((first.status, code(&first.body)), (404, "order_not_found".into()));
-    p.create_order(T, "O-9", 1000, "CNY").await.unwrap();
+    p.create_order(T, &order_no("O-9"), 1000, &cny()).await.unwrap();
     let again = p.pay_command(T, &request("O-9", 1000, Some("R-9")), WAIT).await.unwrap();
     assert_eq!((again.status, &again.body), (404, &first.body), "the same command, the same answer");
     let other = p.pay_command(T, &request("O-9", 999, Some("R-9")), WAIT).await.unwrap();

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use onceflow_engine::{EngineConfig, MySqlStore, PgStore, SqliteStore};
 use onceflow_payments::{
-    MockChannel, MockChannelConfig, PaymentStore, Payments, check_invariants, mock_channel_router, order_status,
+    MockChannel, MockChannelConfig, OrderStatus, PaymentStore, Payments, check_invariants, mock_channel_router,
 };
 
 const WORKER: &str = env!("CARGO_BIN_EXE_pay-worker");
@@ -39,18 +39,19 @@ async fn crash_matrix<S: PaymentStore>(store: S, url: &str) {
     ];
     for (name, faults) in cases {
         let order_no = format!("crash-{name}");
-        setup.create_order("default", &order_no, 1000, "CNY").await.unwrap();
+        let number = onceflow_tests::ids::order_no(order_no.as_str());
+        setup.create_order("default", &number, 1000, &onceflow_tests::ids::cny()).await.unwrap();
         let token = setup.issue_token("default").await.unwrap().token;
         let faulty = serve(ledger.with_config(faults)).await;
         let mut child = Command::new(WORKER)
-            .args([url, &faulty, &token, &order_no, "1000"])
+            .args([url, &faulty, token.as_str(), &order_no, "1000"])
             .stdout(Stdio::null())
             .spawn()
             .expect("start the worker");
         if name == "in-flight" {
             // The first commit is in: the order is reserved and the channel call has started.
             wait_for("the reservation", async || {
-                setup.order("default", &order_no).await.unwrap().unwrap().status == order_status::PAYING
+                setup.order("default", &number).await.unwrap().unwrap().status == OrderStatus::Paying
             })
             .await;
         } else {
@@ -58,13 +59,13 @@ async fn crash_matrix<S: PaymentStore>(store: S, url: &str) {
         }
         child.kill().expect("SIGKILL");
         child.wait().unwrap();
-        assert_eq!(setup.order("default", &order_no).await.unwrap().unwrap().status, order_status::PAYING);
-        let out = Command::new(WORKER).args([url, &reliable, &token, &order_no, "1000"]).output().unwrap();
+        assert_eq!(setup.order("default", &number).await.unwrap().unwrap().status, OrderStatus::Paying);
+        let out = Command::new(WORKER).args([url, &reliable, token.as_str(), &order_no, "1000"]).output().unwrap();
         let printed = String::from_utf8_lossy(&out.stdout);
         assert!(out.status.success(), "{name}: {}", String::from_utf8_lossy(&out.stderr));
         assert!(printed.starts_with("status 201"), "{name}: {printed}");
         assert_eq!(ledger.ledger().kept_charges(&order_no), 1, "{name}: exactly one charge");
-        assert_eq!(setup.order("default", &order_no).await.unwrap().unwrap().status, order_status::PAID);
+        assert_eq!(setup.order("default", &number).await.unwrap().unwrap().status, OrderStatus::Paid);
     }
     let violations = check_invariants(&store, &ledger.ledger()).await.unwrap();
     assert!(violations.is_empty(), "{violations:?}");

@@ -6,9 +6,10 @@ use std::time::Duration;
 
 use onceflow_engine::EngineConfig;
 use onceflow_payments::{
-    Channel, HttpChannel, MockChannel, MockChannelConfig, PayRequest, PayResponse, PaymentStore, Payments,
-    check_invariants, mock_channel_router, order_status, payment_status,
+    Channel, HttpChannel, MockChannel, MockChannelConfig, OrderStatus, PayRequest, PayResponse, PaymentStatus,
+    PaymentStore, Payments, check_invariants, mock_channel_router,
 };
+use onceflow_tests::ids::{cny, order_no, pay_request, request_no};
 use onceflow_tests::{TestDb, on_every_backend};
 
 const T: &str = "default";
@@ -19,8 +20,8 @@ fn payments<S: PaymentStore>(store: S, channel: Arc<dyn Channel>) -> Payments<S>
     Payments::new(store, channel, EngineConfig::default())
 }
 
-fn request(order_no: &str, amount: i64) -> PayRequest {
-    PayRequest { order_no: order_no.into(), amount, currency: "CNY".into(), request_no: None }
+fn request(order: &str, amount: i64) -> PayRequest {
+    pay_request(order, amount, None)
 }
 
 async fn assert_invariants<S: PaymentStore>(store: &S, channel: &MockChannel) {
@@ -35,7 +36,7 @@ fn json(body: &str) -> serde_json::Value {
 async fn two_hundred_requests_one_token_one_charge<S: TestDb + PaymentStore>(store: S) {
     let channel = MockChannel::new(MockChannelConfig { latency_ms: 20, ..MockChannelConfig::default() });
     let p = payments(store.clone(), Arc::new(channel.clone()));
-    p.create_order(T, "O-1", 1000, "CNY").await.unwrap();
+    p.create_order(T, &order_no("O-1"), 1000, &cny()).await.unwrap();
     let token = p.issue_token(T).await.unwrap().token;
     let mut tasks = Vec::new();
     for _ in 0..200 {
@@ -52,11 +53,11 @@ async fn two_hundred_requests_one_token_one_charge<S: TestDb + PaymentStore>(sto
     assert_eq!(responses.iter().filter(|r| !r.replayed).count(), 1, "one original, the rest replays");
     assert_eq!(channel.ledger().kept_charges("O-1"), 1);
     assert_eq!(channel.ledger().charges.len(), 1);
-    assert_eq!(p.order(T, "O-1").await.unwrap().unwrap().status, order_status::PAID);
+    assert_eq!(p.order(T, &order_no("O-1")).await.unwrap().unwrap().status, OrderStatus::Paid);
     let body = json(&first.body);
     assert_eq!(body["status"], "succeeded");
-    let record = p.payment(T, body["request_no"].as_str().unwrap()).await.unwrap().unwrap();
-    assert_eq!(record.status, payment_status::SUCCEEDED);
+    let record = p.payment(T, &request_no(body["request_no"].as_str().unwrap())).await.unwrap().unwrap();
+    assert_eq!(record.status, PaymentStatus::Succeeded);
     // A later repeat is a replay of the same bytes.
     let again = p.pay(T, &token, ROUTE, &request("O-1", 1000), WAIT).await.unwrap();
     assert_eq!((again.status, &again.body, again.replayed), (201, &first.body, true));
@@ -66,7 +67,7 @@ async fn two_hundred_requests_one_token_one_charge<S: TestDb + PaymentStore>(sto
 async fn fifty_tokens_one_order_one_charge<S: TestDb + PaymentStore>(store: S) {
     let channel = MockChannel::new(MockChannelConfig { latency_ms: 20, ..MockChannelConfig::default() });
     let p = payments(store.clone(), Arc::new(channel.clone()));
-    p.create_order(T, "O-2", 500, "CNY").await.unwrap();
+    p.create_order(T, &order_no("O-2"), 500, &cny()).await.unwrap();
     let mut tasks = Vec::new();
     for _ in 0..50 {
         let p = p.clone();
@@ -90,8 +91,8 @@ async fn fifty_tokens_one_order_one_charge<S: TestDb + PaymentStore>(store: S) {
 async fn a_token_is_bound_to_its_request<S: TestDb + PaymentStore>(store: S) {
     let channel = MockChannel::reliable();
     let p = payments(store.clone(), Arc::new(channel.clone()));
-    p.create_order(T, "O-3", 1000, "CNY").await.unwrap();
-    p.create_order(T, "O-4", 1000, "CNY").await.unwrap();
+    p.create_order(T, &order_no("O-3"), 1000, &cny()).await.unwrap();
+    p.create_order(T, &order_no("O-4"), 1000, &cny()).await.unwrap();
     let token = p.issue_token(T).await.unwrap().token;
     assert_eq!(p.pay(T, &token, ROUTE, &request("O-3", 1000), WAIT).await.unwrap().status, 201);
     for (route, req) in [(ROUTE, request("O-3", 999)), (ROUTE, request("O-4", 1000)), ("/pay", request("O-3", 1000))] {
@@ -108,31 +109,31 @@ async fn a_token_is_bound_to_its_request<S: TestDb + PaymentStore>(store: S) {
     );
     // An expired token is unknown.
     let expired = p.issue_token(T).await.unwrap().token;
-    let updated = store.execute("UPDATE idempotency_tokens SET expires_at = 1 WHERE token = $1", &expired).await;
+    let updated =
+        store.execute("UPDATE idempotency_tokens SET expires_at = 1 WHERE token = $1", expired.as_str()).await;
     assert_eq!(updated.unwrap(), 1);
     let r = p.pay(T, &expired, ROUTE, &request("O-4", 1000), WAIT).await.unwrap();
     assert_eq!((r.status, json(&r.body)["code"].as_str()), (404, Some("token_not_found")));
     // Unknown token, another tenant's token, unknown order (not stored: the token stays usable).
-    assert_eq!(p.pay(T, "tok_nope", ROUTE, &request("O-4", 1000), WAIT).await.unwrap().status, 404);
+    assert_eq!(
+        p.pay(T, &onceflow_tests::ids::token("tok_nope"), ROUTE, &request("O-4", 1000), WAIT).await.unwrap().status,
+        404
+    );
     let theirs = p.issue_token("other-tenant").await.unwrap().token;
     assert_eq!(p.pay(T, &theirs, ROUTE, &request("O-4", 1000), WAIT).await.unwrap().status, 404);
     let fresh = p.issue_token(T).await.unwrap().token;
     let missing = p.pay(T, &fresh, ROUTE, &request("O-404", 1000), WAIT).await.unwrap();
     assert_eq!((missing.status, json(&missing.body)["code"].as_str()), (404, Some("order_not_found")));
-    let invalid = p.pay(T, &fresh, ROUTE, &request("O-4", -5), WAIT).await.unwrap();
-    assert_eq!((invalid.status, json(&invalid.body)["code"].as_str()), (400, Some("invalid_request")));
+    // An invalid request cannot be made, so never reaches the service.
+    assert!(PayRequest::new(order_no("O-4"), -5, cny(), None).is_err());
     assert_eq!(p.pay(T, &fresh, ROUTE, &request("O-4", 1000), WAIT).await.unwrap().status, 201);
     // request_no is unique forever.
-    p.create_order(T, "O-5", 1000, "CNY").await.unwrap();
-    let reuse = PayRequest {
-        request_no: Some(
-            json(&p.pay(T, &token, ROUTE, &request("O-3", 1000), WAIT).await.unwrap().body)["request_no"]
-                .as_str()
-                .unwrap()
-                .to_owned(),
-        ),
-        ..request("O-5", 1000)
-    };
+    p.create_order(T, &order_no("O-5"), 1000, &cny()).await.unwrap();
+    let taken = json(&p.pay(T, &token, ROUTE, &request("O-3", 1000), WAIT).await.unwrap().body)["request_no"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let reuse = pay_request("O-5", 1000, Some(&taken));
     let t5 = p.issue_token(T).await.unwrap().token;
     let conflict = p.pay(T, &t5, ROUTE, &reuse, WAIT).await.unwrap();
     assert_eq!((conflict.status, json(&conflict.body)["code"].as_str()), (409, Some("request_no_conflict")));
@@ -146,7 +147,7 @@ async fn pay_once_through<S: TestDb + PaymentStore>(
     order_no: &str,
 ) -> PayResponse {
     let p = payments(store.clone(), channel);
-    p.create_order(T, order_no, 1000, "CNY").await.unwrap();
+    p.create_order(T, &self::order_no(order_no), 1000, &cny()).await.unwrap();
     let token = p.issue_token(T).await.unwrap().token;
     p.pay(T, &token, ROUTE, &request(order_no, 1000), WAIT).await.unwrap()
 }
@@ -189,7 +190,7 @@ async fn a_channel_that_times_out_after_charging<S: TestDb + PaymentStore>(store
 async fn a_decline_releases_the_order_and_is_replayed<S: TestDb + PaymentStore>(store: S) {
     let declining = MockChannel::new(MockChannelConfig { decline_rate: 1.0, ..Default::default() });
     let p = payments(store.clone(), Arc::new(declining.clone()));
-    p.create_order(T, "O-6", 1000, "CNY").await.unwrap();
+    p.create_order(T, &order_no("O-6"), 1000, &cny()).await.unwrap();
     let token = p.issue_token(T).await.unwrap().token;
     let r = p.pay(T, &token, ROUTE, &request("O-6", 1000), WAIT).await.unwrap();
     assert_eq!(r.status, 402, "{}", r.body);
@@ -198,8 +199,8 @@ async fn a_decline_releases_the_order_and_is_replayed<S: TestDb + PaymentStore>(
         (body["code"].as_str(), body["decline_code"].as_str()),
         (Some("payment_declined"), Some("insufficient_funds"))
     );
-    let order = p.order(T, "O-6").await.unwrap().unwrap();
-    assert_eq!((order.status.as_str(), order.version), (order_status::PENDING, 2));
+    let order = p.order(T, &order_no("O-6")).await.unwrap().unwrap();
+    assert_eq!((order.status, order.version), (OrderStatus::Pending, 2));
     let replay = p.pay(T, &token, ROUTE, &request("O-6", 1000), WAIT).await.unwrap();
     assert_eq!((replay.status, &replay.body, replay.replayed), (402, &r.body, true));
     assert_invariants(&store, &declining).await;

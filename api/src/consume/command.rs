@@ -3,23 +3,23 @@
 
 use lapin::message::Delivery;
 use lapin::types::ShortString;
-use onceflow_payments::{PayRequest, PayResponse};
+use onceflow_payments::{Currency, OrderNo, PayRequest, PayResponse, RequestNo};
 use serde::{Deserialize, Serialize};
 
 /// Largest command body read; a larger one is a bad message, never parsed.
 pub(crate) const MAX_BODY: usize = 1024 * 1024;
 
-/// A command's body: all four fields required, nothing else.
+/// A command's body: all four fields required and valid, nothing else.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Body {
-    order_no: String,
+    order_no: OrderNo,
     amount: i64,
-    currency: String,
-    request_no: String,
+    currency: Currency,
+    request_no: RequestNo,
 }
 
-/// A well-formed command (its fields are validated by the payment service).
+/// A valid command.
 #[derive(Debug)]
 pub(crate) struct Command {
     /// Where the answer goes.
@@ -44,12 +44,8 @@ pub(crate) fn parse(delivery: &Delivery) -> Result<Command, String> {
         return Err("the command has no correlation_id".into());
     };
     let body: Body = serde_json::from_slice(&delivery.data).map_err(|e| format!("invalid body: {e}"))?;
-    let request = PayRequest {
-        order_no: body.order_no,
-        amount: body.amount,
-        currency: body.currency,
-        request_no: Some(body.request_no),
-    };
+    let request = PayRequest::new(body.order_no, body.amount, body.currency, Some(body.request_no))
+        .map_err(|e| format!("invalid body: {e}"))?;
     Ok(Command { reply_to, correlation_id, request })
 }
 
@@ -96,7 +92,15 @@ mod tests {
         let ok = br#"{"order_no":"O-1","amount":1000,"currency":"CNY","request_no":"R-1"}"#;
         let c = parse(&delivery(ok, full())).unwrap();
         assert_eq!((c.reply_to.as_str(), c.correlation_id.as_str()), ("answers", "c-1"));
-        assert_eq!(c.request.request_no.as_deref(), Some("R-1"));
+        assert_eq!(c.request.request_no().map(|r| r.as_str()), Some("R-1"));
+        for bad in [
+            r#"{"order_no":"O 1","amount":1000,"currency":"CNY","request_no":"R-1"}"#,
+            r#"{"order_no":"O-1","amount":0,"currency":"CNY","request_no":"R-1"}"#,
+            r#"{"order_no":"O-1","amount":1000,"currency":"cny","request_no":"R-1"}"#,
+            r#"{"order_no":"O-1","amount":1000,"currency":"CNY","request_no":".."}"#,
+        ] {
+            assert!(parse(&delivery(bad.as_bytes(), full())).is_err(), "{bad}");
+        }
         assert!(parse(&delivery(ok, BasicProperties::default().with_correlation_id("c".into()))).is_err());
         assert!(parse(&delivery(ok, BasicProperties::default().with_reply_to("a".into()))).is_err());
         assert!(parse(&delivery(b"not json", full())).is_err());

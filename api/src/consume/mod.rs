@@ -26,8 +26,10 @@ use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProper
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::backend::{Backend, redact};
+use onceflow_payments::{PaymentStore, Payments};
+
 use crate::config::{ConfigError, ConsumeArgs};
+use crate::database::redact;
 
 /// How long a command is held after a storage outage before it goes back to the queue.
 const OUTAGE_PAUSE: Duration = Duration::from_secs(1);
@@ -90,8 +92,12 @@ pub(crate) fn metrics_app() -> axum::Router {
 
 /// Consumes until `stop` is cancelled, connecting again whenever the broker goes away. An error only for
 /// what retrying cannot mend (the queue exists with other arguments).
-pub(crate) async fn run(backend: Backend, settings: Settings, stop: CancellationToken) -> anyhow::Result<()> {
-    let cx = Arc::new(Context { backend, settings });
+pub(crate) async fn run<S: PaymentStore>(
+    payments: Payments<S>,
+    settings: Settings,
+    stop: CancellationToken,
+) -> anyhow::Result<()> {
+    let cx = Arc::new(Context { payments, settings });
     let mut pause = RECONNECT_FIRST;
     loop {
         match session(&cx, &stop).await {
@@ -117,8 +123,8 @@ pub(crate) async fn run(backend: Backend, settings: Settings, stop: Cancellation
     }
 }
 
-struct Context {
-    backend: Backend,
+struct Context<S: PaymentStore> {
+    payments: Payments<S>,
     settings: Settings,
 }
 
@@ -164,7 +170,7 @@ async fn declare(channel: &Channel, s: &Settings) -> Result<(), Ended> {
 }
 
 /// One connection: consumes until the stop (then drains and returns `Ok`) or until the broker fails.
-async fn session(cx: &Arc<Context>, stop: &CancellationToken) -> Result<(), Ended> {
+async fn session<S: PaymentStore>(cx: &Arc<Context<S>>, stop: &CancellationToken) -> Result<(), Ended> {
     let s = &cx.settings;
     let properties = ConnectionProperties::default().with_connection_name("onceflow consume".into());
     // A broker that is starting may accept the connection and then not answer the handshake: every step of
@@ -282,13 +288,13 @@ impl Drop for InFlight {
 }
 
 /// What one delivery's task holds.
-struct Task {
-    cx: Arc<Context>,
+struct Task<S: PaymentStore> {
+    cx: Arc<Context<S>>,
     publisher: Channel,
     broken: CancellationToken,
 }
 
-impl Task {
+impl<S: PaymentStore> Task<S> {
     /// Handles one delivery to its acknowledgement (or its return to the queue when `abandon` fires first).
     async fn handle(self, delivery: Delivery, abandon: CancellationToken) {
         let _in_flight = InFlight::new();
@@ -304,8 +310,8 @@ impl Task {
             Ok(command) => command,
             Err(detail) => return self.dead_letter(delivery, &detail).await,
         };
-        let request_no = command.request.request_no.clone().unwrap_or_default();
-        let response = match self.cx.backend.pay_command(&s.tenant, &command.request, s.wait).await {
+        let request_no = command.request.request_no().map(ToString::to_string).unwrap_or_default();
+        let response = match self.cx.payments.pay_command(&s.tenant, &command.request, s.wait).await {
             Ok(response) => response,
             Err(e) => {
                 tracing::warn!(%request_no, error = %e, "storage unavailable: the command goes back to the queue");

@@ -4,7 +4,7 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use onceflow_payments::PayRequest;
+use onceflow_payments::{OrderNo, PayRequest, PaymentStore, RequestNo, Token};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use utoipa::ToSchema;
@@ -25,14 +25,16 @@ pub struct LegacyToken {
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct LegacyPay {
     /// The idempotency token.
+    #[schema(value_type = Token)]
     pub token: String,
     /// The order.
-    pub order_no: String,
+    pub order_no: OrderNo,
     /// The payment's number.
     #[serde(default)]
-    pub request_no: Option<String>,
+    pub request_no: Option<RequestNo>,
     /// Minor units.
     #[serde(deserialize_with = "crate::extract::integral")]
+    #[schema(minimum = 1)]
     pub amount: i64,
 }
 
@@ -61,11 +63,11 @@ pub struct LegacyError {
 /// Issues a token (original design).
 #[utoipa::path(post, path = "/tokens", tag = "original design",
     responses((status = 200, description = "Issued", body = LegacyToken)))]
-pub async fn legacy_token(
-    State(state): State<AppState>,
+pub async fn legacy_token<S: PaymentStore>(
+    State(state): State<AppState<S>>,
     Tenant(tenant): Tenant,
 ) -> Result<Json<LegacyToken>, ApiError> {
-    Ok(Json(LegacyToken { token: state.backend.issue_token(&tenant).await?.token }))
+    Ok(Json(LegacyToken { token: state.payments.issue_token(&tenant).await?.token.into() }))
 }
 
 /// Pays an order (original design): `200 {"order_no", "request_no", "status": "PAID"}`; errors carry the
@@ -80,8 +82,8 @@ pub async fn legacy_token(
         (status = 409, description = "Conflict: order not payable, request number in use", body = LegacyError),
         (status = 422, description = "Token reused for another request, or amount mismatch", body = LegacyError),
     ))]
-pub async fn legacy_pay(
-    State(state): State<AppState>,
+pub async fn legacy_pay<S: PaymentStore>(
+    State(state): State<AppState<S>>,
     tenant: Result<Tenant, ApiError>,
     body: Result<ApiJson<LegacyPay>, ApiError>,
 ) -> Response {
@@ -101,21 +103,17 @@ pub async fn legacy_pay(
     })
 }
 
-async fn pay(state: &AppState, tenant: &str, body: LegacyPay) -> Result<Response, ApiError> {
+async fn pay<S: PaymentStore>(state: &AppState<S>, tenant: &str, body: LegacyPay) -> Result<Response, ApiError> {
     let tenant = tenant.to_owned();
     let token = token_of(&HeaderMap::new(), Some(&body.token))?;
-    let Some(order) = state.backend.order(&tenant, &body.order_no).await? else {
+    let Some(order) = state.payments.order(&tenant, &body.order_no).await? else {
         let detail = format!("order {} does not exist", body.order_no);
         let problem = onceflow_payments::problem(404, "order_not_found", "Order not found", &detail);
         return Ok(legacy_error(StatusCode::NOT_FOUND, &problem));
     };
-    let request = PayRequest {
-        order_no: body.order_no,
-        amount: body.amount,
-        currency: order.currency,
-        request_no: body.request_no,
-    };
-    let answer = state.backend.pay(&tenant, &token, "/pay", &request, state.wait).await?;
+    let request = PayRequest::new(body.order_no, body.amount, order.currency, body.request_no)
+        .map_err(|e| ApiError::invalid(e.to_string()))?;
+    let answer = state.payments.pay(&tenant, &token, "/pay", &request, state.wait).await?;
     let v1: serde_json::Value = serde_json::from_str(&answer.body).unwrap_or_default();
     let text = |k: &str| v1.get(k).and_then(|v| v.as_str()).unwrap_or_default().to_owned();
     let response = match answer.status {

@@ -12,6 +12,8 @@ use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetReques
 use tower_http::trace::TraceLayer;
 
 use crate::error::ApiError;
+use onceflow_payments::PaymentStore;
+
 use crate::state::AppState;
 
 pub mod compat;
@@ -24,24 +26,24 @@ pub mod tokens;
 pub const BODY_LIMIT: usize = 64 * 1024;
 
 /// The whole HTTP API over `state`.
-pub fn app(state: AppState) -> Router {
+pub fn app<S: PaymentStore>(state: AppState<S>) -> Router {
     crate::metrics::install();
     let request_id = HeaderName::from_static("x-request-id");
     Router::new()
-        .route("/v1/orders", post(orders::create_order))
-        .route("/v1/orders/{order_no}", get(orders::get_order))
-        .route("/v1/tokens", post(tokens::issue_token))
-        .route("/v1/payments", post(payments::pay))
-        .route("/v1/payments/{request_no}", get(payments::get_payment))
-        .route("/tokens", post(compat::legacy_token))
-        .route("/pay", post(compat::legacy_pay))
-        .route("/v1/workflows", get(ops::list_workflows))
-        .route("/v1/workflows/{workflow_id}", get(ops::get_workflow))
-        .route("/v1/workflows/{workflow_id}/retry", post(ops::retry_workflow))
-        .route("/v1/workflows/{workflow_id}/cancel", post(ops::cancel_workflow))
+        .route("/v1/orders", post(orders::create_order::<S>))
+        .route("/v1/orders/{order_no}", get(orders::get_order::<S>))
+        .route("/v1/tokens", post(tokens::issue_token::<S>))
+        .route("/v1/payments", post(payments::pay::<S>))
+        .route("/v1/payments/{request_no}", get(payments::get_payment::<S>))
+        .route("/tokens", post(compat::legacy_token::<S>))
+        .route("/pay", post(compat::legacy_pay::<S>))
+        .route("/v1/workflows", get(ops::list_workflows::<S>))
+        .route("/v1/workflows/{workflow_id}", get(ops::get_workflow::<S>))
+        .route("/v1/workflows/{workflow_id}/retry", post(ops::retry_workflow::<S>))
+        .route("/v1/workflows/{workflow_id}/cancel", post(ops::cancel_workflow::<S>))
         .route("/healthz", get(ops::healthz))
-        .route("/readyz", get(ops::readyz))
-        .route("/metrics", get(ops::metrics))
+        .route("/readyz", get(ops::readyz::<S>))
+        .route("/metrics", get(ops::metrics::<S>))
         .route("/openapi.json", get(ops::openapi))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)

@@ -10,6 +10,8 @@ use serde::Deserialize;
 use serde_json::json;
 use utoipa::IntoParams;
 
+use onceflow_payments::PaymentStore;
+
 use crate::error::ApiError;
 use crate::state::{AppState, Auth, Tenant};
 
@@ -28,7 +30,7 @@ pub struct ListQuery {
 }
 
 /// A workflow belongs to the tenant named in its input; with a single tenant every workflow is visible.
-fn visible(state: &AppState, tenant: &str, record: &WorkflowRecord) -> bool {
+fn visible<S: PaymentStore>(state: &AppState<S>, tenant: &str, record: &WorkflowRecord) -> bool {
     match state.auth {
         Auth::SingleTenant => true,
         Auth::Keys(_) => serde_json::from_str::<serde_json::Value>(&record.input)
@@ -86,8 +88,8 @@ fn step_view(step: StepRecord) -> serde_json::Value {
     })
 }
 
-async fn visible_view(state: &AppState, tenant: &str, id: &str) -> Result<WorkflowView, ApiError> {
-    match state.backend.workflow(id).await? {
+async fn visible_view<S: PaymentStore>(state: &AppState<S>, tenant: &str, id: &str) -> Result<WorkflowView, ApiError> {
+    match state.payments.engine().workflow(id).await? {
         Some(view) if visible(state, tenant, &view.workflow) => Ok(view),
         _ => Err(ApiError::not_found("workflow_not_found", format!("no workflow {id}"))),
     }
@@ -100,8 +102,8 @@ async fn visible_view(state: &AppState, tenant: &str, id: &str) -> Result<Workfl
         (status = 200, description = "The workflow with its steps and compensations"),
         (status = 404, description = "workflow_not_found", body = crate::openapi::Problem),
     ))]
-pub async fn get_workflow(
-    State(state): State<AppState>,
+pub async fn get_workflow<S: PaymentStore>(
+    State(state): State<AppState<S>>,
     Tenant(tenant): Tenant,
     Path(id): Path<String>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
@@ -118,8 +120,8 @@ pub async fn get_workflow(
 /// A page of workflows, newest first.
 #[utoipa::path(get, path = "/v1/workflows", tag = "operations", params(ListQuery),
     responses((status = 200, description = "{\"workflows\": [...], \"next_before\": ms or null}")))]
-pub async fn list_workflows(
-    State(state): State<AppState>,
+pub async fn list_workflows<S: PaymentStore>(
+    State(state): State<AppState<S>>,
     Tenant(tenant): Tenant,
     Query(q): Query<ListQuery>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
@@ -132,7 +134,7 @@ pub async fn list_workflows(
     if !(1..=1000).contains(&limit) {
         return Err(ApiError::invalid("limit must be between 1 and 1000"));
     }
-    let page = state.backend.workflows(q.state.as_deref(), q.before, limit).await?;
+    let page = state.payments.engine().list(q.state.as_deref(), q.before, limit).await?;
     let next_before = (page.len() as i64 == limit).then(|| page.last().map(|w| w.created_at)).flatten();
     let workflows: Vec<_> = page.into_iter().filter(|w| visible(&state, &tenant, w)).map(redacted).collect();
     Ok(Json(json!({ "workflows": workflows, "next_before": next_before })))
@@ -146,13 +148,13 @@ pub async fn list_workflows(
         (status = 404, description = "workflow_not_found", body = crate::openapi::Problem),
         (status = 409, description = "invalid_state", body = crate::openapi::Problem),
     ))]
-pub async fn retry_workflow(
-    State(state): State<AppState>,
+pub async fn retry_workflow<S: PaymentStore>(
+    State(state): State<AppState<S>>,
     Tenant(tenant): Tenant,
     Path(id): Path<String>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     visible_view(&state, &tenant, &id).await?;
-    Ok(Json(redacted(state.backend.retry(&id).await?)))
+    Ok(Json(redacted(state.payments.engine().retry(&id).await?)))
 }
 
 /// Cancels a running workflow: any current run is fenced out and the compensations run.
@@ -163,13 +165,13 @@ pub async fn retry_workflow(
         (status = 404, description = "workflow_not_found", body = crate::openapi::Problem),
         (status = 409, description = "invalid_state", body = crate::openapi::Problem),
     ))]
-pub async fn cancel_workflow(
-    State(state): State<AppState>,
+pub async fn cancel_workflow<S: PaymentStore>(
+    State(state): State<AppState<S>>,
     Tenant(tenant): Tenant,
     Path(id): Path<String>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     visible_view(&state, &tenant, &id).await?;
-    Ok(Json(redacted(state.backend.cancel(&id).await?)))
+    Ok(Json(redacted(state.payments.engine().cancel(&id).await?)))
 }
 
 /// The process is up.
@@ -181,8 +183,8 @@ pub async fn healthz() -> Json<serde_json::Value> {
 /// The database is reachable.
 #[utoipa::path(get, path = "/readyz", tag = "operations",
     responses((status = 200, description = "Ready"), (status = 503, description = "unavailable", body = crate::openapi::Problem)))]
-pub async fn readyz(State(state): State<AppState>) -> Response {
-    if state.backend.ready().await {
+pub async fn readyz<S: PaymentStore>(State(state): State<AppState<S>>) -> Response {
+    if state.payments.engine().ready().await {
         Json(json!({ "status": "ready" })).into_response()
     } else {
         ApiError::new(
@@ -198,13 +200,13 @@ pub async fn readyz(State(state): State<AppState>) -> Response {
 /// Prometheus metrics: requests by route and status, latency histograms, workflows by state, channel calls by
 /// outcome, unresolved payments (how many, the oldest one's age).
 #[utoipa::path(get, path = "/metrics", tag = "operations", responses((status = 200, description = "Prometheus text format")))]
-pub async fn metrics(State(state): State<AppState>) -> Response {
-    let counts = state.backend.workflow_counts().await;
+pub async fn metrics<S: PaymentStore>(State(state): State<AppState<S>>) -> Response {
+    let counts = state.payments.engine().count_by_state().await.unwrap_or_default();
     for workflow_state in WORKFLOW_STATES {
         let count = counts.iter().find(|(s, _)| s == workflow_state).map_or(0, |(_, n)| *n);
         metrics::gauge!("onceflow_workflows", "state" => workflow_state).set(count as f64);
     }
-    if let Some((count, oldest)) = state.backend.unresolved_payments().await {
+    if let Ok((count, oldest)) = state.payments.engine().store().unresolved().await {
         let age_ms = oldest.map_or(0, |created_at| (chrono::Utc::now().timestamp_millis() - created_at).max(0));
         metrics::gauge!("onceflow_unresolved_payments").set(count as f64);
         metrics::gauge!("onceflow_unresolved_payment_oldest_seconds").set(age_ms as f64 / 1000.0);

@@ -6,6 +6,8 @@ use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
+use onceflow_payments::{Currency, OrderNo, OrderStatus, PaymentStore};
+
 use crate::error::ApiError;
 use crate::extract::ApiJson;
 use crate::state::{AppState, Tenant};
@@ -15,25 +17,26 @@ use crate::state::{AppState, Tenant};
 #[serde(deny_unknown_fields)]
 pub struct CreateOrder {
     /// Unique per tenant: 1–64 characters of `A-Z a-z 0-9 . _ : -`.
-    pub order_no: String,
+    pub order_no: OrderNo,
     /// Minor units, > 0.
     #[serde(deserialize_with = "crate::extract::integral")]
+    #[schema(minimum = 1)]
     pub amount: i64,
     /// ISO 4217 (three upper-case letters).
-    pub currency: String,
+    pub currency: Currency,
 }
 
 /// An order.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct OrderBody {
     /// Unique per tenant.
-    pub order_no: String,
+    pub order_no: OrderNo,
     /// Minor units.
     pub amount: i64,
     /// ISO 4217.
-    pub currency: String,
-    /// `pending`, `paying` or `paid`.
-    pub status: String,
+    pub currency: Currency,
+    /// Where the order is.
+    pub status: OrderStatus,
     /// Incremented by every status change.
     pub version: i64,
     /// RFC 3339.
@@ -69,12 +72,12 @@ pub(crate) fn rfc3339(ms: i64) -> String {
         (status = 409, description = "order_conflict", body = crate::openapi::Problem),
         (status = 503, description = "unavailable", body = crate::openapi::Problem),
     ))]
-pub async fn create_order(
-    State(state): State<AppState>,
+pub async fn create_order<S: PaymentStore>(
+    State(state): State<AppState<S>>,
     Tenant(tenant): Tenant,
     ApiJson(body): ApiJson<CreateOrder>,
 ) -> Result<(StatusCode, Json<OrderBody>), ApiError> {
-    let (order, created) = state.backend.create_order(&tenant, &body.order_no, body.amount, &body.currency).await?;
+    let (order, created) = state.payments.create_order(&tenant, &body.order_no, body.amount, &body.currency).await?;
     let status = if created { StatusCode::CREATED } else { StatusCode::OK };
     Ok((status, Json(order.into())))
 }
@@ -86,13 +89,16 @@ pub async fn create_order(
         (status = 200, description = "The order", body = OrderBody),
         (status = 404, description = "order_not_found", body = crate::openapi::Problem),
     ))]
-pub async fn get_order(
-    State(state): State<AppState>,
+pub async fn get_order<S: PaymentStore>(
+    State(state): State<AppState<S>>,
     Tenant(tenant): Tenant,
     Path(order_no): Path<String>,
 ) -> Result<Json<OrderBody>, ApiError> {
-    match state.backend.order(&tenant, &order_no).await? {
+    let missing = || ApiError::not_found("order_not_found", format!("order {order_no} does not exist"));
+    // A number that is not valid names no order.
+    let Ok(number) = OrderNo::parse(order_no.as_str()) else { return Err(missing()) };
+    match state.payments.order(&tenant, &number).await? {
         Some(order) => Ok(Json(order.into())),
-        None => Err(ApiError::not_found("order_not_found", format!("order {order_no} does not exist"))),
+        None => Err(missing()),
     }
 }

@@ -7,8 +7,8 @@ use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::Response;
-use onceflow_payments::{PayRequest, PayResponse};
-use serde::{Deserialize, Serialize};
+use onceflow_payments::{Currency, OrderNo, PayRequest, PayResponse, PaymentBody, PaymentStore, RequestNo, Token};
+use serde::Deserialize;
 use utoipa::ToSchema;
 
 use crate::error::{ApiError, json_response};
@@ -24,47 +24,27 @@ const MAX_WAIT_SECS: u64 = 60;
 #[serde(deny_unknown_fields)]
 pub struct PaymentRequest {
     /// The order to pay.
-    pub order_no: String,
+    pub order_no: OrderNo,
     /// Minor units; must equal the order's.
     #[serde(deserialize_with = "crate::extract::integral")]
+    #[schema(minimum = 1)]
     pub amount: i64,
     /// ISO 4217; must equal the order's.
-    pub currency: String,
+    pub currency: Currency,
     /// The payment's number; derived from the token when absent.
     #[serde(default)]
-    pub request_no: Option<String>,
+    pub request_no: Option<RequestNo>,
     /// The idempotency token, when not sent as `Idempotency-Key`.
     #[serde(default)]
-    pub token: Option<String>,
+    pub token: Option<Token>,
 }
 
-/// A payment.
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct PaymentBody {
-    /// The payment's number.
-    pub request_no: String,
-    /// The order.
-    pub order_no: String,
-    /// Minor units.
-    pub amount: i64,
-    /// ISO 4217.
-    pub currency: String,
-    /// `processing`, `succeeded`, `declined` or `failed`.
-    pub status: String,
-    /// The channel's charge id, once charged.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub charge_id: Option<String>,
-    /// Why the channel declined.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub decline_code: Option<String>,
-    /// The workflow that runs the payment (`GET /v1/workflows/{workflow_id}`); on `GET` only.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub workflow_id: Option<String>,
-}
-
-/// Checks an `Idempotency-Key`: 1–128 characters of `A-Z a-z 0-9 _ -`.
-pub fn valid_key(key: &str) -> bool {
-    !key.is_empty() && key.len() <= 128 && key.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+/// The body's `token` alone, read from a body that is otherwise invalid: a request's token is checked before its
+/// fields, wherever it is sent.
+#[derive(Deserialize)]
+struct TokenOnly {
+    #[serde(default)]
+    token: Option<String>,
 }
 
 fn is_json(headers: &HeaderMap) -> bool {
@@ -86,7 +66,7 @@ fn wait_of(headers: &HeaderMap, default: Duration) -> Duration {
 }
 
 /// The token of a payment request: the header, else the body's `token`.
-pub(crate) fn token_of(headers: &HeaderMap, body_token: Option<&str>) -> Result<String, ApiError> {
+pub(crate) fn token_of(headers: &HeaderMap, body_token: Option<&str>) -> Result<Token, ApiError> {
     let raw = match headers.get("idempotency-key") {
         Some(v) => v.to_str().map_err(|_| key_invalid())?.to_owned(),
         None => body_token.map(str::to_owned).ok_or_else(|| {
@@ -98,7 +78,7 @@ pub(crate) fn token_of(headers: &HeaderMap, body_token: Option<&str>) -> Result<
             )
         })?,
     };
-    if valid_key(&raw) { Ok(raw) } else { Err(key_invalid()) }
+    Token::parse(raw).map_err(|_| key_invalid())
 }
 
 fn key_invalid() -> ApiError {
@@ -142,8 +122,8 @@ pub(crate) fn pay_response(r: PayResponse) -> Response {
         (status = 422, description = "idempotency_key_mismatch, or amount_mismatch (stored)", body = crate::openapi::Problem),
         (status = 503, description = "unavailable (Retry-After); not stored", body = crate::openapi::Problem),
     ))]
-pub async fn pay(
-    State(state): State<AppState>,
+pub async fn pay<S: PaymentStore>(
+    State(state): State<AppState<S>>,
     Tenant(tenant): Tenant,
     headers: HeaderMap,
     body: Bytes,
@@ -152,16 +132,16 @@ pub async fn pay(
         return Err(unsupported_media_type());
     }
     let parsed: Result<PaymentRequest, _> = serde_json::from_slice(&body);
-    let token = token_of(&headers, parsed.as_ref().ok().and_then(|r| r.token.as_deref()))?;
-    let request = parsed.map_err(|e| ApiError::invalid(format!("invalid body: {e}")))?;
-    let pay = PayRequest {
-        order_no: request.order_no,
-        amount: request.amount,
-        currency: request.currency,
-        request_no: request.request_no,
+    let body_token = match &parsed {
+        Ok(request) => request.token.as_ref().map(|t| t.as_str().to_owned()),
+        Err(_) => serde_json::from_slice::<TokenOnly>(&body).ok().and_then(|b| b.token),
     };
+    let token = token_of(&headers, body_token.as_deref())?;
+    let request = parsed.map_err(|e| ApiError::invalid(format!("invalid body: {e}")))?;
+    let pay = PayRequest::new(request.order_no, request.amount, request.currency, request.request_no)
+        .map_err(|e| ApiError::invalid(e.to_string()))?;
     let wait = wait_of(&headers, state.wait);
-    let response = state.backend.pay(&tenant, &token, "/v1/payments", &pay, wait).await?;
+    let response = state.payments.pay(&tenant, &token, "/v1/payments", &pay, wait).await?;
     Ok(pay_response(response))
 }
 
@@ -172,24 +152,16 @@ pub async fn pay(
         (status = 200, description = "The payment", body = PaymentBody),
         (status = 404, description = "payment_not_found", body = crate::openapi::Problem),
     ))]
-pub async fn get_payment(
-    State(state): State<AppState>,
+pub async fn get_payment<S: PaymentStore>(
+    State(state): State<AppState<S>>,
     Tenant(tenant): Tenant,
     Path(request_no): Path<String>,
 ) -> Result<Json<PaymentBody>, ApiError> {
-    let Some(p) = state.backend.payment(&tenant, &request_no).await? else {
-        return Err(ApiError::not_found("payment_not_found", format!("payment {request_no} does not exist")));
-    };
-    Ok(Json(PaymentBody {
-        request_no: p.request_no,
-        order_no: p.order_no,
-        amount: p.amount,
-        currency: p.currency,
-        status: p.status,
-        charge_id: p.charge_id,
-        decline_code: p.decline_code,
-        workflow_id: Some(onceflow_payments::payment_workflow_id(&p.token)),
-    }))
+    let missing = || ApiError::not_found("payment_not_found", format!("payment {request_no} does not exist"));
+    // A number that is not valid names no payment.
+    let Ok(number) = RequestNo::parse(request_no.as_str()) else { return Err(missing()) };
+    let Some(p) = state.payments.payment(&tenant, &number).await? else { return Err(missing()) };
+    Ok(Json(p.view()))
 }
 
 #[cfg(test)]
@@ -198,10 +170,6 @@ mod tests {
 
     #[test]
     fn keys_and_waits_parse() {
-        assert!(valid_key("tok_abc-DEF_123"));
-        assert!(!valid_key(""));
-        assert!(!valid_key("tok abc"));
-        assert!(!valid_key(&"a".repeat(129)));
         let mut h = HeaderMap::new();
         h.insert("prefer", HeaderValue::from_static("respond-async, wait=3"));
         assert_eq!(wait_of(&h, Duration::from_secs(10)), Duration::from_secs(3));

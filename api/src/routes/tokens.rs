@@ -6,6 +6,8 @@ use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
+use onceflow_payments::PaymentStore;
+
 use crate::error::ApiError;
 use crate::routes::orders::rfc3339;
 use crate::state::{AppState, Tenant};
@@ -25,10 +27,10 @@ pub struct TokenBody {
         (status = 201, description = "Issued", body = TokenBody),
         (status = 503, description = "unavailable", body = crate::openapi::Problem),
     ))]
-pub async fn issue_token(
-    State(state): State<AppState>,
+pub async fn issue_token<S: PaymentStore>(
+    State(state): State<AppState<S>>,
     Tenant(tenant): Tenant,
 ) -> Result<(StatusCode, Json<TokenBody>), ApiError> {
-    let issued = state.backend.issue_token(&tenant).await?;
-    Ok((StatusCode::CREATED, Json(TokenBody { token: issued.token, expires_at: rfc3339(issued.expires_at) })))
+    let issued = state.payments.issue_token(&tenant).await?;
+    Ok((StatusCode::CREATED, Json(TokenBody { token: issued.token.into(), expires_at: rfc3339(issued.expires_at) })))
 }

@@ -8,9 +8,9 @@ pub mod mq;
 use std::sync::Arc;
 use std::time::Duration;
 
-use onceflow_api::{AppState, Auth, Backend, app};
+use onceflow_api::{AppState, Auth, OnPayments, app, with_payments};
 use onceflow_engine::EngineConfig;
-use onceflow_payments::{Channel, MockChannel};
+use onceflow_payments::{Channel, MockChannel, PaymentStore, Payments};
 use reqwest::{Client, Method, Response};
 use serde_json::Value;
 
@@ -35,13 +35,40 @@ pub struct App {
 }
 
 pub async fn start(url: &str, channel: Arc<dyn Channel>, auth: Auth) -> App {
-    let backend = Backend::connect(url, channel, EngineConfig::default(), 16).await.expect("backend");
-    backend.spawn_background();
-    let state = AppState { backend, auth, wait: Duration::from_secs(10) };
+    let app = with_payments(url, channel, EngineConfig::default(), 16, Router(auth)).await.expect("database");
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(axum::serve(listener, app(state)).into_future());
+    tokio::spawn(axum::serve(listener, app).into_future());
     App { base, client: Client::new(), key: None }
+}
+
+/// The whole API on the service, its engine's background loop running.
+struct Router(Auth);
+
+impl OnPayments for Router {
+    type Output = axum::Router;
+
+    async fn run<S: PaymentStore>(self, payments: Payments<S>) -> axum::Router {
+        payments.engine().spawn_background();
+        app(AppState { payments, auth: self.0, wait: Duration::from_secs(10) })
+    }
+}
+
+/// Creates `n` orders `O-0…` of 1000 CNY for tenant `default` on the database `url`.
+pub async fn create_orders(url: &str, n: usize) {
+    struct Orders(usize);
+    impl OnPayments for Orders {
+        type Output = ();
+        async fn run<S: PaymentStore>(self, payments: Payments<S>) {
+            let cny = onceflow_payments::Currency::parse("CNY").unwrap();
+            for i in 0..self.0 {
+                let order_no = onceflow_payments::OrderNo::parse(format!("O-{i}")).unwrap();
+                payments.create_order("default", &order_no, 1000, &cny).await.unwrap();
+            }
+        }
+    }
+    let channel = Arc::new(MockChannel::reliable());
+    with_payments(url, channel, EngineConfig::default(), 2, Orders(n)).await.expect("database");
 }
 
 pub async fn start_reliable(url: &str) -> (App, MockChannel) {

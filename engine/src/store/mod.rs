@@ -315,6 +315,12 @@ pub trait Store: sealed::Sealed + Clone + Send + Sync + 'static {
     /// Marks that a waiter in another process wants a notification; returns the workflow as it is now.
     fn request_notify(&self, workflow_id: &str) -> impl Future<Output = Result<Option<WorkflowRecord>>> + Send;
 
+    /// Whether the database answers a trivial query.
+    fn ping(&self) -> impl Future<Output = Result<()>> + Send;
+
+    /// How many workflows are in each state.
+    fn count_by_state(&self) -> impl Future<Output = Result<Vec<(String, i64)>>> + Send;
+
     /// A page of workflows, newest first, optionally in one state, created before `before` (ms).
     fn list(
         &self,

@@ -2,13 +2,11 @@
 //! charged, a query by the same number first), what each answer means for this payment, and how a charge's
 //! number is undone (closed first, then refunded under a stable refund number).
 
-use onceflow_engine::{Attempt, Failure, Interrupt, Previous, StepError};
+use onceflow_engine::{Attempt, Interrupt, Previous, StepError};
 use serde::{Deserialize, Serialize};
-use serde_json::json;
 
-use super::failure_with_response;
 use crate::channel::{Channel, ChannelError, Charge, ChargeRequest, ChargeStatus, Closed, RefundRequest, RefundStatus};
-use crate::model::problem;
+use crate::model::Problem;
 use crate::saga::PaymentInput;
 
 /// What the channel step ended with (a decline is an answer, not an error of the step).
@@ -38,31 +36,27 @@ impl ChargeOutcome {
     /// The charge id of a payment the channel charged; otherwise the workflow's failure, carrying the client's
     /// answer (a decline, a refusal, a number that is another payment's).
     pub(super) fn charge_id(self, i: &PaymentInput) -> Result<String, Interrupt> {
-        let failure = match self {
+        let answer = match self {
             Self::Charged { charge_id } => return Ok(charge_id),
             Self::Declined { decline_code } => {
-                let code = decline_code.unwrap_or_else(|| "declined".to_owned());
                 let detail = "the channel declined the payment";
-                let mut body: serde_json::Value =
-                    serde_json::from_str(&problem(402, "payment_declined", "Payment declined", detail))
-                        .unwrap_or_default();
-                body["decline_code"] = json!(code);
-                Failure::new("payment_declined", detail)
-                    .with_details(json!({ "status": 402, "body": body.to_string(), "decline_code": code }))
+                let mut declined = Problem::new(402, "payment_declined", "Payment declined", detail);
+                declined.decline_code = Some(decline_code.unwrap_or_else(|| "declined".to_owned()));
+                declined
             }
             Self::Refused { status, body, .. } => {
                 // The channel's answer stays in the step's output and the log, never in the client's problem.
                 tracing::warn!(request_no = %i.request_no, status, %body, "the channel refused the charge");
                 let detail = "the payment channel refused the charge; nothing was charged";
-                failure_with_response(422, "channel_refused", "Refused by the channel", detail)
+                Problem::new(422, "channel_refused", "Refused by the channel", detail)
             }
             Self::NotOurs => {
                 tracing::warn!(request_no = %i.request_no, "the channel holds another payment's charge under this number");
                 let detail = format!("request_no {} is already used by another payment", i.request_no);
-                failure_with_response(409, "request_no_conflict", "Request number in use", &detail)
+                Problem::new(409, "request_no_conflict", "Request number in use", &detail)
             }
         };
-        Err(Interrupt::Failed(failure))
+        Err(Interrupt::Failed(answer.into_failure()))
     }
 }
 

@@ -4,6 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::channel::ChargeRequest;
+use crate::model::{Currency, OrderNo, PaymentBody, PaymentStatus, RequestNo, Token};
 
 /// What a payment workflow is started with: the request, resolved and bound to its token.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -11,29 +12,38 @@ pub struct PaymentInput {
     /// Owner.
     pub tenant: String,
     /// The idempotency token.
-    pub token: String,
+    pub token: Token,
     /// The route the token is used on.
     pub route: String,
     /// SHA-256 of the canonical request fields.
     pub fingerprint: String,
     /// The order.
-    pub order_no: String,
+    pub order_no: OrderNo,
     /// Minor units.
     pub amount: i64,
     /// ISO 4217.
-    pub currency: String,
+    pub currency: Currency,
     /// The payment's number: given by the client or derived from the token; never replaced.
-    pub request_no: String,
+    pub request_no: RequestNo,
 }
 
 impl PaymentInput {
     /// The body of a succeeded payment (`201`), and of `GET /v1/payments/{request_no}` once paid.
-    pub(crate) fn payment_body(&self, status: &str, charge_id: Option<&str>) -> String {
-        crate::model::payment_body(&self.request_no, &self.order_no, self.amount, &self.currency, status, charge_id)
+    pub(crate) fn payment_body(&self, status: PaymentStatus, charge_id: Option<&str>) -> PaymentBody {
+        PaymentBody {
+            amount: self.amount,
+            charge_id: charge_id.map(str::to_owned),
+            currency: self.currency.clone(),
+            decline_code: None,
+            order_no: self.order_no.clone(),
+            request_no: self.request_no.clone(),
+            status,
+            workflow_id: None,
+        }
     }
 
     pub(crate) fn refund_no(&self) -> String {
-        format!("{}-refund", self.request_no)
+        self.request_no.refund_no()
     }
 
     /// The charge this payment asks the channel for: as the tenant's merchant (its merchant id is the tenant's
@@ -41,10 +51,10 @@ impl PaymentInput {
     pub(crate) fn charge_request(&self) -> ChargeRequest {
         ChargeRequest {
             merchant_id: self.tenant.clone(),
-            merchant_request_no: self.request_no.clone(),
-            order_no: self.order_no.clone(),
+            merchant_request_no: self.request_no.to_string(),
+            order_no: self.order_no.to_string(),
             amount: self.amount,
-            currency: self.currency.clone(),
+            currency: self.currency.to_string(),
         }
     }
 }

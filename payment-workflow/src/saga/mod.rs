@@ -6,12 +6,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use onceflow_engine::{BoxFuture, Compensation, Failure, Interrupt, RetryPolicy, Workflow, WorkflowContext, step};
-use serde_json::json;
-
 use crate::channel::Channel;
-use crate::model::{StoredResponse, order_status, payment_status, problem};
+use crate::model::{OrderStatus, PaymentStatus, Problem, StoredResponse};
 use crate::store::{PaymentStore, Reserve, ReserveSteps};
+use onceflow_engine::{BoxFuture, Compensation, Failure, Interrupt, RetryPolicy, Workflow, WorkflowContext, step};
 
 mod charge;
 mod input;
@@ -39,17 +37,9 @@ impl PaymentSaga {
     }
 }
 
-/// A terminal failure carrying the response the client gets (and the token stores).
-pub(crate) fn failure_with_response(status: u16, code: &str, title: &str, detail: &str) -> Failure {
-    let body = problem(status, code, title, detail);
-    Failure::new(code, detail).with_details(json!({ "status": status, "body": body }))
-}
-
-/// The response a failure carries, if it carries one.
-pub(crate) fn response_of(failure: &Failure) -> Option<StoredResponse> {
-    let status = u16::try_from(failure.details.get("status")?.as_u64()?).ok()?;
-    let body = failure.details.get("body")?.as_str()?.to_owned();
-    Some(StoredResponse { status, body })
+/// The answer to a payment whose workflow failed without one (an engine failure, a compensation's).
+pub(crate) fn payment_failed() -> Problem {
+    Problem::new(502, "payment_failed", "Payment failed", "the payment could not be completed")
 }
 
 impl<S: PaymentStore> Workflow<S> for PaymentSaga {
@@ -71,8 +61,8 @@ impl<S: PaymentStore> Workflow<S> for PaymentSaga {
             reserve: step("reserve_status").compensate_with("release_order", ()),
             charge: charge_spec.clone(),
         };
-        let refused =
-            failure_with_response(404, "token_not_found", "Token not found", "the token is unknown or expired");
+        let refused = Problem::new(404, "token_not_found", "Token not found", "the token is unknown or expired");
+        let refused = refused.into_failure();
         match S::reserve(ctx, i, now, steps, refused).await? {
             Some(Reserve::Reserved) => {}
             not_reserved => {
@@ -89,7 +79,7 @@ impl<S: PaymentStore> Workflow<S> for PaymentSaga {
         let charge_id = outcome.charge_id(i)?;
 
         // 5, one commit with the channel's outcome: paid, succeeded, the token's response stored.
-        let body = i.payment_body(payment_status::SUCCEEDED, Some(&charge_id));
+        let body = i.payment_body(PaymentStatus::Succeeded, Some(&charge_id)).render();
         let response = StoredResponse { status: 201, body };
         let not_paying = Failure::new("order_not_paying", "the order left paying");
         S::confirm(ctx, i, now, step("confirm"), charge_id, response, not_paying).await
@@ -137,7 +127,7 @@ impl<S: PaymentStore> Workflow<S> for PaymentSaga {
                 let (tenant, order_no, request_no) = (i.tenant.clone(), i.order_no.clone(), i.request_no.clone());
                 ctx.transactional("release_order", move |c| -> BoxFuture<'_, _> {
                     Box::pin(async move {
-                        S::move_order(c, tenant, order_no, request_no, order_status::PENDING, now).await?;
+                        S::move_order(c, tenant, order_no, request_no, OrderStatus::Pending, now).await?;
                         Ok(())
                     })
                 })
@@ -148,8 +138,8 @@ impl<S: PaymentStore> Workflow<S> for PaymentSaga {
                     return Ok(());
                 }
                 let declined = failure.code == "payment_declined";
-                let status = if declined { payment_status::DECLINED } else { payment_status::FAILED };
-                let code = failure.details.get("decline_code").and_then(|c| c.as_str()).map(str::to_owned);
+                let status = if declined { PaymentStatus::Declined } else { PaymentStatus::Failed };
+                let code = Problem::of_failure(failure).and_then(|answer| answer.decline_code);
                 let (tenant, request_no, token) = (i.tenant.clone(), i.request_no.clone(), i.token.clone());
                 ctx.transactional("fail_record", move |c| -> BoxFuture<'_, _> {
                     Box::pin(async move {
@@ -163,10 +153,7 @@ impl<S: PaymentStore> Workflow<S> for PaymentSaga {
                 if !wrote {
                     return Ok(());
                 }
-                let response = response_of(failure).unwrap_or_else(|| StoredResponse {
-                    status: 502,
-                    body: problem(502, "payment_failed", "Payment failed", "the payment could not be completed"),
-                });
+                let response = Problem::of_failure(failure).unwrap_or_else(payment_failed).response();
                 let token = i.token.clone();
                 ctx.transactional("store_response", move |c| -> BoxFuture<'_, _> {
                     Box::pin(async move {
@@ -184,8 +171,7 @@ impl<S: PaymentStore> Workflow<S> for PaymentSaga {
 /// The answer to a payment whose order was not reserved (`None`: its `request_no` is another payment's), and
 /// whether the payment's record is its own (inserted by it) to mark `failed`.
 fn rejection(i: &PaymentInput, reserve: Option<Reserve>) -> (bool, StoredResponse) {
-    let answer =
-        |status, code, title, detail: &str| StoredResponse { status, body: problem(status, code, title, detail) };
+    let answer = |status, code, title, detail: &str| Problem::new(status, code, title, detail).response();
     match reserve {
         None => {
             let detail = format!("request_no {} is already used by another payment", i.request_no);
@@ -218,7 +204,7 @@ async fn reject<S: PaymentStore>(
     ctx.transactional("reject", move |c| -> BoxFuture<'_, _> {
         Box::pin(async move {
             if record_is_ours {
-                let (failed, ours) = (payment_status::FAILED, token.clone());
+                let (failed, ours) = (PaymentStatus::Failed, token.clone());
                 S::fail_payment(&mut *c, tenant, request_no, ours, failed, None, now).await?;
             }
             S::complete_token(&mut *c, token, i32::from(stored.status), stored.body, now).await?;

@@ -6,7 +6,9 @@ use std::future::Future;
 
 use onceflow_engine::{BoxFuture, Conn, Failure, Interrupt, StepError, StepSpec, Store, WorkflowContext};
 
-use crate::model::{Order, PaymentRecord, StoredResponse, TokenRecord};
+use crate::model::{
+    Currency, Order, OrderNo, OrderStatus, PaymentRecord, PaymentStatus, RequestNo, StoredResponse, Token, TokenRecord,
+};
 use crate::saga::PaymentInput;
 
 mod mysql;
@@ -30,10 +32,10 @@ pub enum Reserve {
 
 impl Reserve {
     /// Why an order (its amount and currency as `found`, if it exists) could not be reserved.
-    fn refused(found: Option<(i64, String)>, amount: i64, currency: &str) -> Self {
+    fn refused(found: Option<(i64, String)>, amount: i64, currency: &Currency) -> Self {
         match found {
             None => Self::NotFound,
-            Some((a, c)) if a != amount || c != currency => Self::Mismatch,
+            Some((a, c)) if a != amount || c != currency.as_str() => Self::Mismatch,
             Some(_) => Self::NotPayable,
         }
     }
@@ -103,9 +105,9 @@ pub trait PaymentStore: Store {
     fn move_order<'c>(
         conn: &'c mut Conn<Self>,
         tenant: String,
-        order_no: String,
-        request_no: String,
-        to: &'static str,
+        order_no: OrderNo,
+        request_no: RequestNo,
+        to: OrderStatus,
         now: i64,
     ) -> Sql<'c, bool>;
 
@@ -114,9 +116,9 @@ pub trait PaymentStore: Store {
     fn fail_payment<'c>(
         conn: &'c mut Conn<Self>,
         tenant: String,
-        request_no: String,
-        token: String,
-        status: &'static str,
+        request_no: RequestNo,
+        token: Token,
+        status: PaymentStatus,
         decline_code: Option<String>,
         now: i64,
     ) -> Sql<'c, ()>;
@@ -124,7 +126,7 @@ pub trait PaymentStore: Store {
     /// Token `in_use → completed` with its final response (a completed token keeps its first one).
     fn complete_token<'c>(
         conn: &'c mut Conn<Self>,
-        token: String,
+        token: Token,
         response_status: i32,
         body: String,
         now: i64,
@@ -133,7 +135,11 @@ pub trait PaymentStore: Store {
     /// Inserts an order; `false` when the tenant has one with this `order_no`.
     fn insert_order(&self, order: &Order) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
     /// One order.
-    fn order(&self, tenant: &str, order_no: &str) -> impl Future<Output = Result<Option<Order>, sqlx::Error>> + Send;
+    fn order(
+        &self,
+        tenant: &str,
+        order_no: &OrderNo,
+    ) -> impl Future<Output = Result<Option<Order>, sqlx::Error>> + Send;
     /// Stores a newly issued token.
     fn insert_token(&self, token: &TokenRecord) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
     /// Stores `token` unless one with its value exists (a queued command's token, derived from its
@@ -145,7 +151,7 @@ pub trait PaymentStore: Store {
     /// recorded, bound to `fingerprint` and `route`; whether it did (`false`: a payment claimed it meanwhile).
     fn settle_unused_token(
         &self,
-        token: &str,
+        token: &Token,
         fingerprint: &str,
         route: &str,
         response: &StoredResponse,
@@ -154,15 +160,15 @@ pub trait PaymentStore: Store {
     /// One token, and whether the tenant has the order: the two checks of a refused payment, in one round trip.
     fn token_and_order(
         &self,
-        token: &str,
+        token: &Token,
         tenant: &str,
-        order_no: &str,
+        order_no: &OrderNo,
     ) -> impl Future<Output = Result<Option<(TokenRecord, bool)>, sqlx::Error>> + Send;
     /// One payment record.
     fn payment(
         &self,
         tenant: &str,
-        request_no: &str,
+        request_no: &RequestNo,
     ) -> impl Future<Output = Result<Option<PaymentRecord>, sqlx::Error>> + Send;
     /// How many payments are unresolved (their record still `processing`: the charge outcome is unknown or the
     /// channel said processing) and the oldest one's `created_at` (ms), through the partial index

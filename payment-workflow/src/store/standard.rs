@@ -9,7 +9,10 @@ use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, Type};
 
 use super::statement::{self, PhaseDialect};
 use super::{PaymentStore, Reserve, ReserveSteps, Sql, TokenCheck, engine_error};
-use crate::model::{Order, PaymentRecord, StoredResponse, TokenRecord};
+use crate::model::{
+    Currency, Order, OrderNo, OrderStatus, PaymentRecord, PaymentStatus, RequestNo, StoredResponse, Token, TokenRecord,
+    TokenState,
+};
 use crate::saga::PaymentInput;
 
 /// A store whose database runs the standard payment SQL of this file (Postgres, SQLite).
@@ -34,6 +37,13 @@ where
     for<'q> i64: Encode<'q, S::Db> + Type<S::Db>,
     for<'q> i32: Encode<'q, S::Db> + Type<S::Db>,
     for<'q> Option<i32>: Encode<'q, S::Db> + Type<S::Db>,
+    for<'q> OrderNo: Encode<'q, S::Db> + Type<S::Db>,
+    for<'q> RequestNo: Encode<'q, S::Db> + Type<S::Db>,
+    for<'q> Token: Encode<'q, S::Db> + Type<S::Db>,
+    for<'q> Currency: Encode<'q, S::Db> + Type<S::Db>,
+    for<'q> OrderStatus: Encode<'q, S::Db> + Type<S::Db>,
+    for<'q> PaymentStatus: Encode<'q, S::Db> + Type<S::Db>,
+    for<'q> TokenState: Encode<'q, S::Db> + Type<S::Db>,
     for<'r> Order: FromRow<'r, <S::Db as Database>::Row>,
     for<'r> PaymentRecord: FromRow<'r, <S::Db as Database>::Row>,
     for<'r> TokenCheck: FromRow<'r, <S::Db as Database>::Row>,
@@ -70,9 +80,9 @@ where
     fn move_order<'c>(
         conn: &'c mut Conn<Self>,
         tenant: String,
-        order_no: String,
-        request_no: String,
-        to: &'static str,
+        order_no: OrderNo,
+        request_no: RequestNo,
+        to: OrderStatus,
         now: i64,
     ) -> Sql<'c, bool> {
         Box::pin(async move {
@@ -83,7 +93,7 @@ where
             .bind(tenant)
             .bind(order_no)
             .bind(request_no)
-            .bind(to.to_owned())
+            .bind(to)
             .bind(now)
             .execute(conn)
             .await?;
@@ -94,9 +104,9 @@ where
     fn fail_payment<'c>(
         conn: &'c mut Conn<Self>,
         tenant: String,
-        request_no: String,
-        token: String,
-        status: &'static str,
+        request_no: RequestNo,
+        token: Token,
+        status: PaymentStatus,
         decline_code: Option<String>,
         now: i64,
     ) -> Sql<'c, ()> {
@@ -107,7 +117,7 @@ where
             )
             .bind(tenant)
             .bind(request_no)
-            .bind(status.to_owned())
+            .bind(status)
             .bind(decline_code)
             .bind(now)
             .bind(token)
@@ -119,7 +129,7 @@ where
 
     fn complete_token<'c>(
         conn: &'c mut Conn<Self>,
-        token: String,
+        token: Token,
         response_status: i32,
         body: String,
         now: i64,
@@ -148,7 +158,7 @@ where
         .bind(o.order_no.clone())
         .bind(o.amount)
         .bind(o.currency.clone())
-        .bind(o.status.clone())
+        .bind(o.status)
         .bind(o.version)
         .bind(o.created_at)
         .bind(o.updated_at);
@@ -157,10 +167,10 @@ where
         Ok(S::rows_affected(&w.check(done)?) == 1)
     }
 
-    async fn order(&self, tenant: &str, order_no: &str) -> Result<Option<Order>, sqlx::Error> {
+    async fn order(&self, tenant: &str, order_no: &OrderNo) -> Result<Option<Order>, sqlx::Error> {
         sqlx::query_as("SELECT * FROM orders WHERE tenant = $1 AND order_no = $2")
             .bind(tenant.to_owned())
-            .bind(order_no.to_owned())
+            .bind(order_no.clone())
             .fetch_optional(self.pool())
             .await
     }
@@ -172,7 +182,7 @@ where
         )
         .bind(t.token.clone())
         .bind(t.tenant.clone())
-        .bind(t.state.clone())
+        .bind(t.state)
         .bind(t.fingerprint.clone())
         .bind(t.route.clone())
         .bind(t.response_status)
@@ -195,7 +205,7 @@ where
         )
         .bind(t.token.clone())
         .bind(t.tenant.clone())
-        .bind(t.state.clone())
+        .bind(t.state)
         .bind(t.fingerprint.clone())
         .bind(t.route.clone())
         .bind(t.response_status)
@@ -211,7 +221,7 @@ where
 
     async fn settle_unused_token(
         &self,
-        token: &str,
+        token: &Token,
         fingerprint: &str,
         route: &str,
         response: &StoredResponse,
@@ -221,7 +231,7 @@ where
             "UPDATE idempotency_tokens SET state = 'completed', fingerprint = $2, route = $3, \
              response_status = $4, response_body = $5, updated_at = $6 WHERE token = $1 AND state = 'issued'",
         )
-        .bind(token.to_owned())
+        .bind(token.clone())
         .bind(fingerprint.to_owned())
         .bind(route.to_owned())
         .bind(i32::from(response.status))
@@ -234,26 +244,26 @@ where
 
     async fn token_and_order(
         &self,
-        token: &str,
+        token: &Token,
         tenant: &str,
-        order_no: &str,
+        order_no: &OrderNo,
     ) -> Result<Option<(TokenRecord, bool)>, sqlx::Error> {
         let found: Option<TokenCheck> = sqlx::query_as(
             "SELECT t.*, EXISTS (SELECT 1 FROM orders o WHERE o.tenant = $2 AND o.order_no = $3) AS order_exists \
              FROM idempotency_tokens t WHERE t.token = $1",
         )
-        .bind(token.to_owned())
+        .bind(token.clone())
         .bind(tenant.to_owned())
-        .bind(order_no.to_owned())
+        .bind(order_no.clone())
         .fetch_optional(self.pool())
         .await?;
         Ok(found.map(|f| (f.token, f.order_exists)))
     }
 
-    async fn payment(&self, tenant: &str, request_no: &str) -> Result<Option<PaymentRecord>, sqlx::Error> {
+    async fn payment(&self, tenant: &str, request_no: &RequestNo) -> Result<Option<PaymentRecord>, sqlx::Error> {
         sqlx::query_as("SELECT * FROM payments WHERE tenant = $1 AND request_no = $2")
             .bind(tenant.to_owned())
-            .bind(request_no.to_owned())
+            .bind(request_no.clone())
             .fetch_optional(self.pool())
             .await
     }

@@ -109,15 +109,15 @@ fn reserve(d: PhaseDialect, i: &PaymentInput, now: i64, steps: ReserveSteps, not
         ),
     ));
     let args = vec![
-        SqlArg::Text(i.token.clone()),
+        SqlArg::Text(i.token.as_str().to_owned()),
         SqlArg::Text(i.tenant.clone()),
         SqlArg::Text(i.fingerprint.clone()),
         SqlArg::Text(i.route.clone()),
         SqlArg::Int(now),
-        SqlArg::Text(i.request_no.clone()),
-        SqlArg::Text(i.order_no.clone()),
+        SqlArg::Text(i.request_no.as_str().to_owned()),
+        SqlArg::Text(i.order_no.as_str().to_owned()),
         SqlArg::Int(i.amount),
-        SqlArg::Text(i.currency.clone()),
+        SqlArg::Text(i.currency.as_str().to_owned()),
     ];
     // Amount and currency are never updated, so reading the order here (before the phase's writes on Postgres,
     // after them on SQLite) finds the same.
@@ -175,11 +175,11 @@ fn confirm(
     ));
     let args = vec![
         SqlArg::Text(i.tenant.clone()),
-        SqlArg::Text(i.order_no.clone()),
-        SqlArg::Text(i.request_no.clone()),
+        SqlArg::Text(i.order_no.as_str().to_owned()),
+        SqlArg::Text(i.request_no.as_str().to_owned()),
         SqlArg::Text(charge_id.to_owned()),
         SqlArg::Int(now),
-        SqlArg::Text(i.token.clone()),
+        SqlArg::Text(i.token.as_str().to_owned()),
         SqlArg::Text(response.body.clone()),
         SqlArg::Int(i64::from(response.status)),
         SqlArg::Text(serde_json::to_string(response).unwrap_or_default()),

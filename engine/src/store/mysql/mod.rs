@@ -336,6 +336,15 @@ impl Store for MySqlStore {
         self.workflow(workflow_id).await
     }
 
+    async fn ping(&self) -> Result<()> {
+        sqlx::query("SELECT 1").execute(&self.pool).await?;
+        Ok(())
+    }
+
+    async fn count_by_state(&self) -> Result<Vec<(String, i64)>> {
+        Ok(sqlx::query_as("SELECT state, count(*) FROM workflows GROUP BY state").fetch_all(&self.pool).await?)
+    }
+
     async fn list(&self, state: Option<&str>, before: Option<i64>, limit: i64) -> Result<Vec<WorkflowRecord>> {
         Ok(sqlx::query_as(LIST)
             .bind(state)

@@ -233,6 +233,15 @@ impl Store for PgStore {
         Ok(w.check(found)?)
     }
 
+    async fn ping(&self) -> Result<()> {
+        sqlx::query("SELECT 1").execute(&self.pool).await?;
+        Ok(())
+    }
+
+    async fn count_by_state(&self) -> Result<Vec<(String, i64)>> {
+        Ok(sqlx::query_as("SELECT state, count(*) FROM workflows GROUP BY state").fetch_all(&self.pool).await?)
+    }
+
     async fn list(&self, state: Option<&str>, before: Option<i64>, limit: i64) -> Result<Vec<WorkflowRecord>> {
         let q = sqlx::query_as(
             "SELECT * FROM workflows WHERE ($1 IS NULL OR state = $1) AND ($2 IS NULL OR created_at < $2) \

@@ -5,7 +5,9 @@
 use onceflow_engine::{Conn, Failure, Interrupt, MySqlStore, StepSpec, Store, WorkflowContext};
 
 use super::{PaymentStore, Reserve, ReserveSteps, Sql, TokenCheck};
-use crate::model::{Order, PaymentRecord, StoredResponse, TokenRecord};
+use crate::model::{
+    Order, OrderNo, OrderStatus, PaymentRecord, PaymentStatus, RequestNo, StoredResponse, Token, TokenRecord,
+};
 use crate::saga::PaymentInput;
 
 mod steps;
@@ -56,9 +58,9 @@ impl PaymentStore for MySqlStore {
     fn move_order<'c>(
         conn: &'c mut Conn<Self>,
         tenant: String,
-        order_no: String,
-        request_no: String,
-        to: &'static str,
+        order_no: OrderNo,
+        request_no: RequestNo,
+        to: OrderStatus,
         now: i64,
     ) -> Sql<'c, bool> {
         Box::pin(steps::move_order(conn, tenant, order_no, request_no, to, now))
@@ -67,9 +69,9 @@ impl PaymentStore for MySqlStore {
     fn fail_payment<'c>(
         conn: &'c mut Conn<Self>,
         tenant: String,
-        request_no: String,
-        token: String,
-        status: &'static str,
+        request_no: RequestNo,
+        token: Token,
+        status: PaymentStatus,
         decline_code: Option<String>,
         now: i64,
     ) -> Sql<'c, ()> {
@@ -78,7 +80,7 @@ impl PaymentStore for MySqlStore {
 
     fn complete_token<'c>(
         conn: &'c mut Conn<Self>,
-        token: String,
+        token: Token,
         response_status: i32,
         body: String,
         now: i64,
@@ -95,7 +97,7 @@ impl PaymentStore for MySqlStore {
         .bind(&o.order_no)
         .bind(o.amount)
         .bind(&o.currency)
-        .bind(&o.status)
+        .bind(o.status)
         .bind(o.version)
         .bind(o.created_at)
         .bind(o.updated_at)
@@ -104,7 +106,7 @@ impl PaymentStore for MySqlStore {
         inserted(done)
     }
 
-    async fn order(&self, tenant: &str, order_no: &str) -> Result<Option<Order>, sqlx::Error> {
+    async fn order(&self, tenant: &str, order_no: &OrderNo) -> Result<Option<Order>, sqlx::Error> {
         sqlx::query_as("SELECT * FROM orders WHERE tenant = ? AND order_no = ?")
             .bind(tenant)
             .bind(order_no)
@@ -119,7 +121,7 @@ impl PaymentStore for MySqlStore {
         )
         .bind(&t.token)
         .bind(&t.tenant)
-        .bind(&t.state)
+        .bind(t.state)
         .bind(&t.fingerprint)
         .bind(&t.route)
         .bind(t.response_status)
@@ -139,7 +141,7 @@ impl PaymentStore for MySqlStore {
         )
         .bind(&t.token)
         .bind(&t.tenant)
-        .bind(&t.state)
+        .bind(t.state)
         .bind(&t.fingerprint)
         .bind(&t.route)
         .bind(t.response_status)
@@ -169,7 +171,7 @@ impl PaymentStore for MySqlStore {
 
     async fn settle_unused_token(
         &self,
-        token: &str,
+        token: &Token,
         fingerprint: &str,
         route: &str,
         response: &StoredResponse,
@@ -192,9 +194,9 @@ impl PaymentStore for MySqlStore {
 
     async fn token_and_order(
         &self,
-        token: &str,
+        token: &Token,
         tenant: &str,
-        order_no: &str,
+        order_no: &OrderNo,
     ) -> Result<Option<(TokenRecord, bool)>, sqlx::Error> {
         let found: Option<TokenCheck> = sqlx::query_as(
             "SELECT t.*, EXISTS (SELECT 1 FROM orders o WHERE o.tenant = ? AND o.order_no = ?) AS order_exists \
@@ -208,7 +210,7 @@ impl PaymentStore for MySqlStore {
         Ok(found.map(|f| (f.token, f.order_exists)))
     }
 
-    async fn payment(&self, tenant: &str, request_no: &str) -> Result<Option<PaymentRecord>, sqlx::Error> {
+    async fn payment(&self, tenant: &str, request_no: &RequestNo) -> Result<Option<PaymentRecord>, sqlx::Error> {
         sqlx::query_as("SELECT * FROM payments WHERE tenant = ? AND request_no = ?")
             .bind(tenant)
             .bind(request_no)

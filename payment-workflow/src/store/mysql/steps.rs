@@ -7,7 +7,7 @@ use onceflow_engine::{BoxFuture, Failure, Interrupt, MySqlStore, StepError, Step
 use sqlx::MySqlConnection;
 
 use super::inserted;
-use crate::model::{StoredResponse, order_status, payment_status};
+use crate::model::{Currency, OrderNo, OrderStatus, PaymentStatus, RequestNo, StoredResponse, Token};
 use crate::saga::PaymentInput;
 use crate::store::{Reserve, ReserveSteps};
 
@@ -72,10 +72,10 @@ pub(super) async fn confirm(
         (i.tenant.clone(), i.order_no.clone(), i.request_no.clone(), i.token.clone());
     ctx.transactional(spec, move |c| -> BoxFuture<'_, _> {
         Box::pin(async move {
-            if !move_order(&mut *c, tenant.clone(), order_no, request_no.clone(), order_status::PAID, now).await? {
+            if !move_order(&mut *c, tenant.clone(), order_no, request_no.clone(), OrderStatus::Paid, now).await? {
                 return Err(StepError::Terminal(not_paying));
             }
-            let succeeded = payment_status::SUCCEEDED;
+            let succeeded = PaymentStatus::Succeeded;
             set_payment_status(&mut *c, tenant, request_no, token.clone(), succeeded, Some(charge_id), None, now)
                 .await?;
             complete_token(&mut *c, token, i32::from(response.status), response.body.clone(), now).await?;
@@ -88,7 +88,7 @@ pub(super) async fn confirm(
 /// Token `issued → in_use`, bound to `fingerprint` and `route`, if it is the tenant's, unused and unexpired.
 async fn claim_token(
     conn: &mut MySqlConnection,
-    token: String,
+    token: Token,
     tenant: String,
     fingerprint: String,
     route: String,
@@ -114,11 +114,11 @@ async fn claim_token(
 async fn insert_payment(
     conn: &mut MySqlConnection,
     tenant: &str,
-    request_no: &str,
-    order_no: &str,
+    request_no: &RequestNo,
+    order_no: &OrderNo,
     amount: i64,
-    currency: &str,
-    token: &str,
+    currency: &Currency,
+    token: &Token,
     now: i64,
 ) -> Result<bool, sqlx::Error> {
     let done = sqlx::query(
@@ -142,7 +142,7 @@ async fn insert_payment(
 async fn order_of(
     conn: &mut MySqlConnection,
     tenant: &str,
-    order_no: &str,
+    order_no: &OrderNo,
 ) -> Result<Option<(i64, String)>, sqlx::Error> {
     sqlx::query_as("SELECT amount, currency FROM orders WHERE tenant = ? AND order_no = ?")
         .bind(tenant)
@@ -155,10 +155,10 @@ async fn order_of(
 async fn reserve_order(
     conn: &mut MySqlConnection,
     tenant: String,
-    order_no: String,
+    order_no: OrderNo,
     amount: i64,
-    currency: String,
-    request_no: String,
+    currency: Currency,
+    request_no: RequestNo,
     now: i64,
 ) -> Result<Reserve, sqlx::Error> {
     let done = sqlx::query(
@@ -183,9 +183,9 @@ async fn reserve_order(
 pub(super) async fn move_order(
     conn: &mut MySqlConnection,
     tenant: String,
-    order_no: String,
-    request_no: String,
-    to: &'static str,
+    order_no: OrderNo,
+    request_no: RequestNo,
+    to: OrderStatus,
     now: i64,
 ) -> Result<bool, StepError> {
     let done = sqlx::query(
@@ -208,9 +208,9 @@ pub(super) async fn move_order(
 pub(super) async fn set_payment_status(
     conn: &mut MySqlConnection,
     tenant: String,
-    request_no: String,
-    token: String,
-    status: &'static str,
+    request_no: RequestNo,
+    token: Token,
+    status: PaymentStatus,
     charge_id: Option<String>,
     decline_code: Option<String>,
     now: i64,
@@ -235,7 +235,7 @@ pub(super) async fn set_payment_status(
 /// See [`crate::PaymentStore::complete_token`].
 pub(super) async fn complete_token(
     conn: &mut MySqlConnection,
-    token: String,
+    token: Token,
     response_status: i32,
     body: String,
     now: i64,

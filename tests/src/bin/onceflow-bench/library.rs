@@ -5,15 +5,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use onceflow_engine::{EngineConfig, PgStore};
-use onceflow_payments::{MockChannel, PayRequest, PaymentStore, Payments};
+use onceflow_payments::{MockChannel, PayRequest, PaymentStore, Payments, Token};
 use onceflow_tests::baseline::fresh_db;
+use onceflow_tests::ids::pay_request;
 
 use super::measure::{Run, drive};
 use super::options::Options;
 use super::seed::seed_pg;
 
 fn request(n: u64) -> PayRequest {
-    PayRequest { order_no: format!("o{n}"), amount: 1000, currency: "CNY".into(), request_no: None }
+    pay_request(format!("o{n}"), 1000, None)
 }
 
 /// Payments through the service as a library: the engine, the saga and the in-process mock channel.
@@ -23,7 +24,7 @@ pub(crate) async fn run<S: PaymentStore>(name: &'static str, store: S, o: &Optio
         let payments = payments.clone();
         async move {
             let r = payments
-                .pay("default", &format!("tok{n}"), "/v1/payments", &request(n), Duration::from_secs(30))
+                .pay("default", &Token::parse(format!("tok{n}"))?, "/v1/payments", &request(n), Duration::from_secs(30))
                 .await?;
             anyhow::ensure!(r.status == 201, "payment {n}: {} {}", r.status, r.body);
             Ok(())

@@ -1,0 +1,63 @@
+//! The database a URL names, chosen once at start-up: a command is handed the payment service on that
+//! database's store, and everything it runs from there is typed by that store — no choice per request.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use onceflow_engine::{EngineConfig, MySqlStore, PgStore, SqliteStore};
+use onceflow_payments::{Channel, PaymentStore, Payments};
+
+use crate::config::ConfigError;
+
+/// Something that runs on the payment service, whichever database serves it.
+pub trait OnPayments {
+    /// What it gives back.
+    type Output;
+
+    /// Runs with the service on store `S`.
+    fn run<S: PaymentStore>(self, payments: Payments<S>) -> impl Future<Output = Self::Output>;
+}
+
+/// Connects to the database `url` names (Postgres, MySQL or SQLite), migrates it, and runs `task` with the
+/// payment service on it. Connection errors are one line, for exit code 2.
+pub async fn with_payments<T: OnPayments>(
+    url: &str,
+    channel: Arc<dyn Channel>,
+    config: EngineConfig,
+    pool_size: u32,
+    task: T,
+) -> Result<T::Output, ConfigError> {
+    let unreachable = |e: onceflow_engine::Error| ConfigError(format!("database {}: {e}", redact(url)));
+    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        let store = PgStore::connect(url, pool_size).await.map_err(unreachable)?;
+        store.migrate_payments().await.map_err(unreachable)?;
+        Ok(task.run(Payments::new(store, channel, config)).await)
+    } else if url.starts_with("sqlite:") {
+        let store = SqliteStore::connect(url).await.map_err(unreachable)?;
+        store.migrate_payments().await.map_err(unreachable)?;
+        Ok(task.run(Payments::new(store, channel, config)).await)
+    } else if url.starts_with("mysql://") || url.starts_with("mariadb://") {
+        let store = MySqlStore::connect(url, pool_size).await.map_err(unreachable)?;
+        store.migrate_payments().await.map_err(unreachable)?;
+        Ok(task.run(Payments::new(store, channel, config)).await)
+    } else {
+        Err(ConfigError(format!(
+            "--database-url must start with postgres://, mysql:// or sqlite:// (got `{}`)",
+            redact(url)
+        )))
+    }
+}
+
+/// `url` without its password, for messages.
+pub fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let creds = &url[scheme + 3..at];
+            match creds.split_once(':') {
+                Some((user, _)) => format!("{}{user}:***{}", &url[..scheme + 3], &url[at..]),
+                None => url.to_owned(),
+            }
+        }
+        _ => url.to_owned(),
+    }
+}

@@ -1,0 +1,194 @@
+//! What a payment answers, typed until it is written: a payment's body, a problem (RFC 9457), and the response
+//! stored with a token and replayed byte for byte. Every body of a payment answer is rendered here, once.
+
+use onceflow_engine::Failure;
+use serde::{Deserialize, Serialize};
+
+use super::ids::{Currency, OrderNo, RequestNo};
+use super::status::PaymentStatus;
+
+/// A final response as stored with its token and replayed byte for byte.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoredResponse {
+    /// HTTP status.
+    pub status: u16,
+    /// JSON body, exactly as first sent.
+    pub body: String,
+}
+
+/// A payment as every answer shows it (`201`, `202`, a replay, `GET /v1/payments/{request_no}`). Fields in
+/// alphabetical order, as the bodies stored before this type were written.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct PaymentBody {
+    /// Minor units.
+    pub amount: i64,
+    /// The channel's charge id, once charged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub charge_id: Option<String>,
+    /// ISO 4217.
+    pub currency: Currency,
+    /// Why the channel declined (on `GET`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decline_code: Option<String>,
+    /// The order.
+    pub order_no: OrderNo,
+    /// The payment's number.
+    pub request_no: RequestNo,
+    /// Where the payment is.
+    pub status: PaymentStatus,
+    /// The workflow that runs the payment (`GET /v1/workflows/{workflow_id}`); on `GET` only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workflow_id: Option<String>,
+}
+
+impl PaymentBody {
+    /// The body's JSON text.
+    pub fn render(&self) -> String {
+        serde_json::to_string(self).unwrap_or_default()
+    }
+}
+
+/// A problem answer: its status and stable `code`, and for a decline the channel's reason. The one renderer of
+/// every problem body ([`Problem::body`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Problem {
+    /// HTTP status.
+    pub status: u16,
+    /// Stable, machine-readable.
+    pub code: String,
+    /// Short summary.
+    pub title: String,
+    /// This occurrence.
+    pub detail: String,
+    /// With `payment_declined`: the channel's reason.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decline_code: Option<String>,
+}
+
+/// A problem body as RFC 9457 writes it, keys in alphabetical order (the bytes of bodies stored before).
+#[derive(Serialize)]
+struct ProblemBody<'a> {
+    code: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    decline_code: Option<&'a str>,
+    detail: &'a str,
+    status: u16,
+    title: &'a str,
+    #[serde(rename = "type")]
+    kind: String,
+}
+
+impl Problem {
+    /// A problem without a decline code.
+    pub fn new(status: u16, code: &str, title: &str, detail: &str) -> Self {
+        Self { status, code: code.to_owned(), title: title.to_owned(), detail: detail.to_owned(), decline_code: None }
+    }
+
+    /// The body: `application/problem+json`.
+    pub fn body(&self) -> String {
+        let body = ProblemBody {
+            code: &self.code,
+            decline_code: self.decline_code.as_deref(),
+            detail: &self.detail,
+            status: self.status,
+            title: &self.title,
+            kind: format!("urn:onceflow:problem:{}", self.code),
+        };
+        serde_json::to_string(&body).unwrap_or_default()
+    }
+
+    /// As stored with a token.
+    pub fn response(&self) -> StoredResponse {
+        StoredResponse { status: self.status, body: self.body() }
+    }
+
+    /// A terminal failure of the payment's workflow whose answer is this problem (what the token stores).
+    pub(crate) fn into_failure(self) -> Failure {
+        let details = serde_json::to_value(FailureDetails { answer: self.clone() }).unwrap_or_default();
+        Failure::new(self.code, self.detail).with_details(details)
+    }
+
+    /// The answer a workflow's failure carries, if it carries one.
+    pub(crate) fn of_failure(failure: &Failure) -> Option<Self> {
+        if let Ok(FailureDetails { answer }) = serde_json::from_value(failure.details.clone()) {
+            return Some(answer);
+        }
+        legacy_answer(failure)
+    }
+}
+
+/// The details of a payment workflow's failure: the answer, typed.
+#[derive(Serialize, Deserialize)]
+struct FailureDetails {
+    answer: Problem,
+}
+
+/// A failure recorded before [`FailureDetails`] (`{"status", "body", "decline_code"}`, the body as text): read so
+/// that a payment failed by an earlier version still answers what it answered then.
+fn legacy_answer(failure: &Failure) -> Option<Problem> {
+    #[derive(Deserialize)]
+    struct Legacy {
+        status: u16,
+        body: String,
+    }
+    let legacy: Legacy = serde_json::from_value(failure.details.clone()).ok()?;
+    let body: serde_json::Value = serde_json::from_str(&legacy.body).ok()?;
+    let text = |k: &str| body.get(k).and_then(|v| v.as_str()).map(str::to_owned);
+    Some(Problem {
+        status: legacy.status,
+        code: text("code")?,
+        title: text("title").unwrap_or_default(),
+        detail: text("detail").unwrap_or_default(),
+        decline_code: text("decline_code"),
+    })
+}
+
+/// A problem+json body (RFC 9457) with a stable `code`.
+pub fn problem(status: u16, code: &str, title: &str, detail: &str) -> String {
+    Problem::new(status, code, title, detail).body()
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn bodies_keep_the_bytes_of_before() {
+        // What `json!` (sorted keys) wrote before these types, byte for byte.
+        let before = json!({"type": "urn:onceflow:problem:x", "title": "T", "status": 404, "detail": "d", "code": "x"});
+        assert_eq!(problem(404, "x", "T", "d"), before.to_string());
+        let mut declined = Problem::new(402, "payment_declined", "Payment declined", "no");
+        declined.decline_code = Some("insufficient_funds".into());
+        let mut before =
+            serde_json::from_str::<serde_json::Value>(&problem(402, "payment_declined", "Payment declined", "no"))
+                .unwrap();
+        before["decline_code"] = json!("insufficient_funds");
+        assert_eq!(declined.body(), before.to_string());
+        let body = PaymentBody {
+            amount: 1000,
+            charge_id: Some("ch_1".into()),
+            currency: Currency::parse("CNY").unwrap(),
+            decline_code: None,
+            order_no: OrderNo::parse("O-1").unwrap(),
+            request_no: RequestNo::parse("R-1").unwrap(),
+            status: PaymentStatus::Succeeded,
+            workflow_id: None,
+        };
+        let before = json!({"request_no": "R-1", "order_no": "O-1", "amount": 1000, "currency": "CNY",
+            "status": "succeeded", "charge_id": "ch_1"});
+        assert_eq!(body.render(), before.to_string());
+    }
+
+    #[test]
+    fn a_failure_carries_its_answer_typed_and_legacy_ones_still_read() {
+        let mut p = Problem::new(402, "payment_declined", "Payment declined", "no");
+        p.decline_code = Some("card".into());
+        assert_eq!(Problem::of_failure(&p.clone().into_failure()), Some(p.clone()));
+        let legacy = Failure::new("payment_declined", "no")
+            .with_details(json!({ "status": 402, "body": p.body(), "decline_code": "card" }));
+        assert_eq!(Problem::of_failure(&legacy), Some(p));
+        assert_eq!(Problem::of_failure(&Failure::new("x", "y")), None);
+    }
+}
