@@ -26,6 +26,7 @@ mod error;
 mod extract;
 pub mod metrics;
 mod openapi;
+mod operate;
 mod routes;
 mod run;
 mod state;

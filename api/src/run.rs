@@ -291,70 +291,7 @@ async fn workflows(cmd: WorkflowsCommand) -> Result<(), Failure> {
         | WorkflowsCommand::Retry { database, .. }
         | WorkflowsCommand::Cancel { database, .. } => database.clone(),
     };
-    with_database(&db, Operate(cmd)).await?
-}
-
-/// `workflows list | show | retry | cancel`, on the engine once it is connected.
-struct Operate(WorkflowsCommand);
-
-impl OnPayments for Operate {
-    type Output = Result<(), Failure>;
-
-    async fn run<S: PaymentStore>(self, payments: Payments<S>) -> Self::Output {
-        let engine = payments.engine();
-        let run = async {
-            match self.0 {
-                WorkflowsCommand::List { state, limit, .. } => {
-                    let page = engine.list(state.as_deref(), None, limit).await?;
-                    println!("{:<48} {:<10} {:<20} {:>5}  UPDATED", "WORKFLOW", "NAME", "STATE", "EPOCH");
-                    for w in &page {
-                        println!(
-                            "{:<48} {:<10} {:<20} {:>5}  {}",
-                            w.workflow_id,
-                            w.name,
-                            w.state,
-                            w.lease_epoch,
-                            crate::routes::orders::rfc3339(w.updated_at)
-                        );
-                    }
-                    println!("({} shown)", page.len());
-                }
-                WorkflowsCommand::Show { workflow_id, .. } => {
-                    let view = engine
-                        .workflow(&workflow_id)
-                        .await?
-                        .ok_or_else(|| onceflow_engine::Error::NotFound(workflow_id.clone()))?;
-                    let w = &view.workflow;
-                    println!(
-                        "workflow  {}\nname      {}\nstate     {}\nepoch     {}",
-                        w.workflow_id, w.name, w.state, w.lease_epoch
-                    );
-                    if let Some(error) = &w.error {
-                        println!("error     {error}");
-                    }
-                    println!("\n{:<36} {:<14} {:<10} {:>8}  STARTED", "STEP", "KIND", "STATUS", "ATTEMPTS");
-                    for s in &view.steps {
-                        println!(
-                            "{:<36} {:<14} {:<10} {:>8}  {}",
-                            s.step_key,
-                            s.kind,
-                            s.status,
-                            s.attempts,
-                            crate::routes::orders::rfc3339(s.started_at)
-                        );
-                    }
-                }
-                WorkflowsCommand::Retry { workflow_id, .. } => {
-                    println!("{workflow_id} is now {}", engine.retry(&workflow_id).await?.state);
-                }
-                WorkflowsCommand::Cancel { workflow_id, .. } => {
-                    println!("{workflow_id} is now {}", engine.cancel(&workflow_id).await?.state);
-                }
-            }
-            Ok::<_, onceflow_engine::Error>(())
-        };
-        run.await.map_err(|e| Failure::Other(e.into()))
-    }
+    with_database(&db, crate::operate::Operate(cmd)).await?.map_err(|e| Failure::Other(e.into()))
 }
 
 /// Resolves on Ctrl-C or SIGTERM.

@@ -103,6 +103,46 @@ async fn the_readme_walkthrough_runs() {
     assert!(printed.contains("\"step_key\":\"call_channel\""), "{printed}");
 }
 
+/// `onceflow workflows show` prints what `GET /v1/workflows/{id}` answers, for people: RFC 3339 times, the input,
+/// output and each step's output as JSON, never the token.
+#[tokio::test]
+async fn workflows_show_prints_the_view_readably() {
+    let url = database("sqlite").await.unwrap();
+    let (mut child, base) = serve(&["--database-url", &url]).await;
+    let client = reqwest::Client::new();
+    let order = json!({"order_no": "O-s", "amount": 1000, "currency": "CNY"});
+    assert_eq!(client.post(format!("{base}/v1/orders")).json(&order).send().await.unwrap().status(), 201);
+    let token: serde_json::Value = client.post(format!("{base}/v1/tokens")).send().await.unwrap().json().await.unwrap();
+    let token = token["token"].as_str().unwrap().to_owned();
+    let paid = client
+        .post(format!("{base}/v1/payments"))
+        .header("Idempotency-Key", &token)
+        .json(&json!({"order_no": "O-s", "amount": 1000, "currency": "CNY", "request_no": "R-s"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(paid.status(), 201);
+    let payment: serde_json::Value =
+        client.get(format!("{base}/v1/payments/R-s")).send().await.unwrap().json().await.unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let workflow_id = payment["workflow_id"].as_str().unwrap();
+    let out = Command::new(ONCEFLOW)
+        .args(["workflows", "show", workflow_id, "--database-url", &url])
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap();
+    let printed = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{printed}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(printed.contains("state     completed"), "{printed}");
+    assert!(printed.lines().any(|l| l.starts_with("created   20") && l.ends_with('Z')), "RFC 3339: {printed}");
+    assert!(printed.contains("\ninput\n") && printed.contains("\"order_no\": \"O-s\""), "the input: {printed}");
+    assert!(printed.contains("\noutput\n") && printed.contains("\"status\": 201"), "the output: {printed}");
+    assert!(printed.contains("\"charge_id\": \"ch_"), "the stored body as JSON: {printed}");
+    assert!(printed.contains("call_channel") && printed.contains("    output "), "steps and outputs: {printed}");
+    assert!(!printed.contains(&token), "the token is never shown: {printed}");
+}
+
 async fn serve_channel(channel: MockChannel) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());

@@ -53,17 +53,22 @@ fn time(ms: i64) -> serde_json::Value {
 /// A workflow as operators see it (contracts/http-api.md): times as RFC 3339, input, output and error as JSON
 /// values; without the idempotency token (an operator needs the workflow, not the credential) and without the
 /// lease's internals.
-fn redacted(record: WorkflowRecord) -> serde_json::Value {
+pub(crate) fn redacted(record: WorkflowRecord) -> serde_json::Value {
     let mut input = json_value(Some(&record.input));
     if input.get("token").is_some() {
         input["token"] = json!("***");
+    }
+    let mut output = json_value(record.output.as_deref());
+    // A payment's output is the response stored byte for byte, its body as text: shown as the JSON it is.
+    if let Some(body) = output.get("body").and_then(|b| b.as_str()).and_then(|b| serde_json::from_str(b).ok()) {
+        output["body"] = body;
     }
     json!({
         "workflow_id": record.workflow_id,
         "name": record.name,
         "state": record.state,
         "input": input,
-        "output": json_value(record.output.as_deref()),
+        "output": output,
         "error": json_value(record.error.as_deref()),
         "lease_expires_at": record.lease_expires_at.map(time),
         "lease_epoch": record.lease_epoch,
@@ -74,7 +79,7 @@ fn redacted(record: WorkflowRecord) -> serde_json::Value {
 }
 
 /// A step as operators see it: times as RFC 3339, output and error as JSON values.
-fn step_view(step: StepRecord) -> serde_json::Value {
+pub(crate) fn step_view(step: StepRecord) -> serde_json::Value {
     json!({
         "step_key": step.step_key,
         "step_name": step.step_name,
