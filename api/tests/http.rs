@@ -299,6 +299,8 @@ async fn openapi_says_what_the_server_answers() {
     assert!(text.contains(r#""minimum":1"#) && text.contains("^[A-Z]{3}$"), "constraints in the schemas");
     let bad_limit = app.get("/v1/workflows?limit=5000").await;
     bad_limit.assert_problem(400, "invalid_request");
+    // A query the server cannot read is a problem too, not axum's plain-text rejection.
+    app.get("/v1/workflows?before=yesterday").await.assert_problem(400, "invalid_request");
     // An integer sent as 1000.0 is the integer JSON Schema says it is.
     let order = app.post("/v1/orders", json!({"order_no": "O-f", "amount": 1000.0, "currency": "CNY"})).await;
     assert_eq!(order.status, 201, "{}", order.text);

@@ -1,6 +1,7 @@
 //! Operations: workflows, health, readiness, metrics, the OpenAPI document.
 
 use axum::Json;
+use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -128,8 +129,9 @@ pub async fn get_workflow<S: PaymentStore>(
 pub async fn list_workflows<S: PaymentStore>(
     State(state): State<AppState<S>>,
     Tenant(tenant): Tenant,
-    Query(q): Query<ListQuery>,
+    query: Result<Query<ListQuery>, QueryRejection>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
+    let Query(q) = query.map_err(|e| ApiError::invalid(e.body_text()))?;
     if let Some(s) = &q.state
         && !WORKFLOW_STATES.contains(&s.as_str())
     {
