@@ -295,6 +295,10 @@ async fn openapi_says_what_the_server_answers() {
         assert!(pay[status]["content"]["application/problem+json"].is_object(), "{status}: {pay}");
         assert!(pay[status]["content"]["application/json"].is_null(), "{status}: {pay}");
     }
+    // The list's filters are optional query parameters (a derived IntoParams says path, and required).
+    let list = doc["paths"]["/v1/workflows"]["get"]["parameters"].as_array().unwrap();
+    assert!(list.iter().all(|p| p["in"] == "query" && p["required"] == false), "{list:?}");
+    assert!(doc["paths"]["/v1/workflows"]["get"]["responses"]["400"].is_object());
     let text = doc.to_string();
     assert!(text.contains(r#""minimum":1"#) && text.contains("^[A-Z]{3}$"), "constraints in the schemas");
     let bad_limit = app.get("/v1/workflows?limit=5000").await;
