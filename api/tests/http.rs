@@ -286,6 +286,26 @@ on_every_backend!(
 
 /// The document says what the server does (what schemathesis checks): errors are problem+json, the statuses
 /// every operation can answer are listed, and request fields carry the constraints the server checks.
+/// Which check answers first is part of the contract a client sees: the token before the body's fields on both
+/// payment routes, and on the original design's route an invalid order number is an unknown order, as it was.
+#[tokio::test]
+async fn the_order_of_checks_is_kept() {
+    let (app, _) = start_reliable(&database("sqlite").await.unwrap()).await;
+    app.order("O-c", 1000).await;
+    // The header is the token: a malformed `token` in the body beside it is not looked at.
+    let token = app.token().await;
+    let body = json!({"order_no": "O-c", "amount": 1000, "currency": "CNY", "token": "not a token!"});
+    let paid = app.pay(&token, body).await;
+    assert_eq!(paid.status, 201, "{}", paid.text);
+    // The original design's route: the token first, then the order, then the rest.
+    let legacy = |token: &str, order_no: &str, request_no: &str| json!({"token": token, "order_no": order_no, "request_no": request_no, "amount": 1000});
+    app.post("/pay", legacy("bad token!", "a b", "R-1")).await.assert_problem(400, "idempotency_key_invalid");
+    let token = app.send(Method::POST, "/tokens", &[], None).await.json()["token"].as_str().unwrap().to_owned();
+    app.post("/pay", legacy(&token, "a b", "R-1")).await.assert_problem(404, "order_not_found");
+    app.post("/pay", legacy(&token, "O-none", "..")).await.assert_problem(404, "order_not_found");
+    app.post("/pay", legacy(&token, "O-c", "..")).await.assert_problem(400, "invalid_request");
+}
+
 #[tokio::test]
 async fn openapi_says_what_the_server_answers() {
     let (app, _) = start_reliable(&database("sqlite").await.unwrap()).await;
