@@ -8,6 +8,8 @@ use serde::Serialize;
 use serde_json::{Value, json};
 use utoipa::{OpenApi, ToSchema};
 
+use onceflow_payments::{KEY_PATTERN, TOKEN_PATTERN};
+
 use crate::routes::{compat, ops, orders, payments, tokens};
 
 /// A problem (RFC 9457), the shape of every error.
@@ -61,14 +63,6 @@ pub struct Problem {
 )]
 pub struct ApiDoc;
 
-/// `order_no` and `request_no`: 1–64 characters of `A-Z a-z 0-9 . _ : -`, other than `.` and `..` (see
-/// `onceflow_payments::validate_key`), as a regular expression without look-ahead.
-const KEY_PATTERN: &str =
-    r"^([A-Za-z0-9_:-][A-Za-z0-9._:-]{0,63}|\.[A-Za-z0-9_:-][A-Za-z0-9._:-]{0,62}|\.\.[A-Za-z0-9._:-]{1,62})$";
-
-/// An idempotency token as a client may send it: 1–128 characters of `A-Z a-z 0-9 _ -`.
-const TOKEN_PATTERN: &str = "^[A-Za-z0-9_-]{1,128}$";
-
 /// The served document: the generated one, completed (see the module docs).
 pub fn document() -> Value {
     let mut doc = serde_json::to_value(ApiDoc::openapi()).unwrap_or_default();
@@ -79,11 +73,6 @@ pub fn document() -> Value {
             for (_method, op) in item.iter_mut() {
                 complete_operation(path, op, &problem);
             }
-        }
-    }
-    if let Some(schemas) = doc.pointer_mut("/components/schemas").and_then(Value::as_object_mut) {
-        for schema in schemas.values_mut() {
-            constrain_properties(schema);
         }
     }
     doc
@@ -172,28 +161,4 @@ fn into_query(param: &mut Value) {
     }
     param["in"] = json!("query");
     param["required"] = json!(!optional);
-}
-
-/// The constraints the server checks on request fields, by name.
-fn constrain_properties(schema: &mut Value) {
-    let Some(props) = schema.get_mut("properties").and_then(Value::as_object_mut) else { return };
-    for (name, prop) in props.iter_mut() {
-        let Some(prop) = prop.as_object_mut() else { continue };
-        match name.as_str() {
-            "order_no" | "request_no" => {
-                prop.insert("pattern".to_owned(), json!(KEY_PATTERN));
-            }
-            "currency" => {
-                prop.insert("pattern".to_owned(), json!("^[A-Z]{3}$"));
-            }
-            "amount" => {
-                prop.insert("minimum".to_owned(), json!(1));
-            }
-            // The idempotency token of the original design's body (and of `/v1/payments` when not a header).
-            "token" => {
-                prop.insert("pattern".to_owned(), json!(TOKEN_PATTERN));
-            }
-            _ => {}
-        }
-    }
 }
