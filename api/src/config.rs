@@ -87,6 +87,13 @@ pub struct ServeArgs {
     /// uses 8 for reads, 2 for writes).
     #[arg(long, env = "ONCEFLOW_DB_MAX_CONNECTIONS", default_value_t = 20, value_parser = clap::value_parser!(u32).range(2..=1000))]
     pub db_max_connections: u32,
+    /// How long a client has to send a request's headers (and an idle connection waits for its next request)
+    /// before the connection is closed: a slow client cannot hold a connection for ever.
+    #[arg(long, env = "ONCEFLOW_HEADER_READ_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    pub header_read_timeout: Duration,
+    /// HTTP connections served at once; more wait in the listen backlog until one ends.
+    #[arg(long, env = "ONCEFLOW_MAX_CONNECTIONS", default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub max_connections: u32,
 }
 
 /// `consume`: the database, channel and lease flags of `serve` (its `--listen` and `--api-keys` are not

@@ -29,6 +29,7 @@ mod openapi;
 mod operate;
 mod routes;
 mod run;
+mod server;
 mod state;
 
 pub use database::{OnPayments, redact, with_payments};

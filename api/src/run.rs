@@ -141,7 +141,11 @@ impl OnPayments for Serve {
                 .map_err(|e| ConfigError(format!("cannot listen on {}: {e}", args.listen)))?;
             tracing::info!(listen = %args.listen, database = %redact(&args.database.database_url), "serving");
             let state = AppState { payments: payments.clone(), auth, wait: Duration::from_millis(args.wait_ms) };
-            axum::serve(listener, crate::routes::app(state)).with_graceful_shutdown(shutdown_signal()).await?;
+            let limits = crate::server::Limits {
+                header_read_timeout: args.header_read_timeout,
+                max_connections: usize::try_from(args.max_connections).unwrap_or(usize::MAX),
+            };
+            crate::server::serve(listener, crate::routes::app(state), limits, shutdown_signal()).await?;
         } else {
             tracing::info!("worker running");
             shutdown_signal().await;

@@ -143,6 +143,54 @@ async fn workflows_show_prints_the_view_readably() {
     assert!(!printed.contains(&token), "the token is never shown: {printed}");
 }
 
+/// A slowloris client — connections that send part of a request's headers and then nothing — is cut off after
+/// `--header-read-timeout`, and while `--max-connections` are taken by such clients a real request waits for a
+/// slot instead of being refused or hanging for ever.
+#[tokio::test]
+async fn slow_clients_cannot_hold_the_server() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let url = database("sqlite").await.unwrap();
+    let args = ["--database-url", &url, "--header-read-timeout", "500ms", "--max-connections", "2"];
+    let (child, base) = serve(&args).await;
+    // Killed however the test ends: a server left running would hold the test's output open.
+    struct Killed(Child);
+    impl Drop for Killed {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let child = Killed(child);
+    let addr = base.trim_start_matches("http://").to_owned();
+    let mut slow = Vec::new();
+    for _ in 0..2 {
+        let mut c = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        c.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n").await.unwrap();
+        slow.push(c);
+    }
+    let started = Instant::now();
+    let answered = tokio::time::timeout(Duration::from_secs(10), reqwest::get(format!("{base}/healthz"))).await;
+    let waited = started.elapsed();
+    for mut c in slow {
+        let mut buf = [0u8; 512];
+        // Closed by the server (EOF, possibly after a 408), not left open.
+        let read = tokio::time::timeout(Duration::from_secs(3), async {
+            loop {
+                match c.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(_) => {}
+                }
+            }
+        })
+        .await;
+        assert!(read.is_ok(), "a connection with half its headers is still open");
+    }
+    drop(child);
+    let answered = answered.expect("a request behind slow clients got no answer").unwrap();
+    assert_eq!(answered.status(), 200);
+    assert!(waited < Duration::from_secs(5), "waited {waited:?}");
+}
+
 async fn serve_channel(channel: MockChannel) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
