@@ -27,18 +27,47 @@ pub async fn with_payments<T: OnPayments>(
     pool_size: u32,
     task: T,
 ) -> Result<T::Output, ConfigError> {
+    on_database(url, channel, config, pool_size, true, task).await
+}
+
+/// As [`with_payments`], without migrating: for commands that only read, which must never change a database's
+/// schema (an operator's look during a rolling deploy).
+pub async fn with_payments_as_is<T: OnPayments>(
+    url: &str,
+    channel: Arc<dyn Channel>,
+    config: EngineConfig,
+    pool_size: u32,
+    task: T,
+) -> Result<T::Output, ConfigError> {
+    on_database(url, channel, config, pool_size, false, task).await
+}
+
+async fn on_database<T: OnPayments>(
+    url: &str,
+    channel: Arc<dyn Channel>,
+    config: EngineConfig,
+    pool_size: u32,
+    migrate: bool,
+    task: T,
+) -> Result<T::Output, ConfigError> {
     let unreachable = |e: onceflow_engine::Error| ConfigError(format!("database {}: {e}", redact(url)));
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
         let store = PgStore::connect(url, pool_size).await.map_err(unreachable)?;
-        store.migrate_payments().await.map_err(unreachable)?;
+        if migrate {
+            store.migrate_payments().await.map_err(unreachable)?;
+        }
         Ok(task.run(Payments::new(store, channel, config)).await)
     } else if url.starts_with("sqlite:") {
         let store = SqliteStore::connect(url).await.map_err(unreachable)?;
-        store.migrate_payments().await.map_err(unreachable)?;
+        if migrate {
+            store.migrate_payments().await.map_err(unreachable)?;
+        }
         Ok(task.run(Payments::new(store, channel, config)).await)
     } else if url.starts_with("mysql://") || url.starts_with("mariadb://") {
         let store = MySqlStore::connect(url, pool_size).await.map_err(unreachable)?;
-        store.migrate_payments().await.map_err(unreachable)?;
+        if migrate {
+            store.migrate_payments().await.map_err(unreachable)?;
+        }
         Ok(task.run(Payments::new(store, channel, config)).await)
     } else {
         Err(ConfigError(format!(

@@ -295,7 +295,21 @@ async fn workflows(cmd: WorkflowsCommand) -> Result<(), Failure> {
         | WorkflowsCommand::Retry { database, .. }
         | WorkflowsCommand::Cancel { database, .. } => database.clone(),
     };
-    with_database(&db, crate::operate::Operate(cmd)).await?.map_err(|e| Failure::Other(e.into()))
+    let read_only = matches!(cmd, WorkflowsCommand::List { .. } | WorkflowsCommand::Show { .. });
+    let task = crate::operate::Operate(cmd);
+    let done = if read_only {
+        // Looking never migrates: an operator's look must not change the schema under a rolling deploy.
+        let channel = Arc::new(MockChannel::reliable());
+        crate::database::with_payments_as_is(&db.database_url, channel, EngineConfig::default(), 2, task).await?
+    } else {
+        with_database(&db, task).await?
+    };
+    done.map_err(|e| match e {
+        onceflow_engine::Error::Database(_) if read_only => {
+            Failure::Other(anyhow::Error::new(e).context("is the database migrated? run `onceflow migrate` first"))
+        }
+        e => Failure::Other(e.into()),
+    })
 }
 
 /// Resolves on Ctrl-C or SIGTERM.

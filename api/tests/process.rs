@@ -143,6 +143,24 @@ async fn workflows_show_prints_the_view_readably() {
     assert!(!printed.contains(&token), "the token is never shown: {printed}");
 }
 
+/// `workflows list` and `show` only read: they never migrate the database they are pointed at (an operator's
+/// look during a rolling deploy must not change its schema), and on a database without onceflow's tables they
+/// say so and exit non-zero.
+#[tokio::test]
+async fn read_only_commands_do_not_migrate() {
+    let url = database("sqlite").await.unwrap();
+    for args in [vec!["workflows", "list"], vec!["workflows", "show", "pay:none"]] {
+        let out = Command::new(ONCEFLOW).args(&args).args(["--database-url", &url]).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} on an empty database: {stderr}");
+        assert!(stderr.contains("onceflow migrate"), "{args:?} says what to do: {stderr}");
+    }
+    let pool = sqlx::SqlitePool::connect(&url).await.unwrap();
+    let tables: Vec<(String,)> =
+        sqlx::query_as("SELECT name FROM sqlite_master WHERE type = 'table'").fetch_all(&pool).await.unwrap();
+    assert!(tables.is_empty(), "a read-only command created {tables:?}");
+}
+
 /// A slowloris client — connections that send part of a request's headers and then nothing — is cut off after
 /// `--header-read-timeout`, and while `--max-connections` are taken by such clients a real request waits for a
 /// slot instead of being refused or hanging for ever.
