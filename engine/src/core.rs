@@ -81,7 +81,12 @@ impl<S: Store> Core<S> {
         loop {
             let now = self.now();
             match self.store.heartbeat(&self.owner, &ids, now + millis(self.config.lease), now).await {
-                Err(Error::Database(e)) if is_transient(&e) && tries < 3 => tries += 1,
+                // A pool that timed out is as passing as a deadlock: the lease is lost if this gives up.
+                Err(Error::Database(e))
+                    if (is_transient(&e) || matches!(e, sqlx::Error::PoolTimedOut)) && tries < 3 =>
+                {
+                    tries += 1
+                }
                 done => return done,
             }
             tokio::time::sleep(Duration::from_millis(TRANSIENT_RETRY_MS * tries)).await;

@@ -195,6 +195,50 @@ async fn the_heartbeat_extends_only_the_listed_leases<S: TestDb>(store: S) {
     }
 }
 
+/// Every connection of the pool taken (by requests waiting, by commits held): the heartbeat still keeps the lease
+/// of a run in flight, on a connection of its own, so no other claim takes the workflow away from its live run.
+async fn a_saturated_pool_does_not_starve_the_heartbeat<S: TestDb>(store: S) {
+    let (reached, mut reach) = mpsc::unbounded_channel();
+    let gate = Arc::new(Semaphore::new(0));
+    let config = EngineConfig { lease: LEASE, poll_interval: Duration::from_millis(100), ..EngineConfig::default() };
+    let engine = Engine::builder(store.clone()).register(Gated { reached, gate: gate.clone() }).config(config).build();
+    engine.spawn_background();
+    engine.start::<Gated>("starved", &()).await.unwrap();
+    tokio::time::timeout(BOUND, reach.recv()).await.expect("the run reached its call");
+    // Take every connection there is: the held writers and the rest of the pool.
+    let mut writers = Vec::new();
+    while let Ok(Ok(w)) = tokio::time::timeout(Duration::from_millis(200), store.writer()).await {
+        writers.push(w);
+    }
+    let mut connections = Vec::new();
+    while let Ok(Ok(c)) = tokio::time::timeout(Duration::from_millis(200), store.pool().acquire()).await {
+        connections.push(c);
+    }
+    // Several leases long; then the lease, read as another process would, is still live.
+    tokio::time::sleep(LEASE * 5).await;
+    let other = store.another_pool().await.unwrap();
+    let row = other.workflow("starved").await.unwrap().unwrap();
+    let now =
+        i64::try_from(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis()).unwrap();
+    assert!(
+        row.lease_expires_at.is_some_and(|until| until > now),
+        "the lease expired while the pool was taken: {:?} <= {now}",
+        row.lease_expires_at
+    );
+    drop((writers, connections));
+    gate.add_permits(1);
+    let outcome = engine.wait("starved", BOUND).await.unwrap();
+    assert_eq!(outcome, Some(Outcome::Completed(serde_json::Value::Null)));
+    let row = store.workflow("starved").await.unwrap().unwrap();
+    assert_eq!(row.lease_epoch, 1, "the lease expired while the pool was taken and the workflow was claimed again");
+    engine.shutdown(Duration::from_millis(100)).await.unwrap();
+}
+
+mod a_saturated_pool_does_not_starve_the_heartbeat {
+    onceflow_tests::backend_test!(postgres, a_saturated_pool_does_not_starve_the_heartbeat);
+    onceflow_tests::backend_test!(mysql, a_saturated_pool_does_not_starve_the_heartbeat);
+}
+
 on_every_backend!(
     a_panicked_run_is_resumed_elsewhere,
     an_older_run_ending_keeps_the_newer_run_driven,

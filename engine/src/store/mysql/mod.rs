@@ -78,6 +78,8 @@ const LIST: &str = "SELECT * FROM workflows WHERE (? IS NULL OR state = ?) AND (
 #[derive(Debug, Clone)]
 pub struct MySqlStore {
     pool: sqlx::MySqlPool,
+    /// Two connections of their own for the lease heartbeat and the recovery scan (see `PgStore`).
+    leases: sqlx::MySqlPool,
 }
 
 impl MySqlStore {
@@ -88,7 +90,7 @@ impl MySqlStore {
             None => url.to_owned(),
         };
         let options = MySqlConnectOptions::from_str(&url)?;
-        Ok(Self { pool: Self::pool_options(max_connections).connect_with(options).await? })
+        Ok(Self::from_pool(Self::pool_options(max_connections).connect_with(options).await?))
     }
 
     /// Pool options that set up each session as the store expects; for pools made elsewhere.
@@ -111,7 +113,8 @@ impl MySqlStore {
 
     /// A store over an existing pool, made with [`MySqlStore::pool_options`].
     pub fn from_pool(pool: sqlx::MySqlPool) -> Self {
-        Self { pool }
+        let leases = Self::pool_options(2).connect_lazy_with((*pool.connect_options()).clone());
+        Self { pool, leases }
     }
 
     async fn select_in(&self, conn: &mut Conn<Self>, ids: &[String]) -> Result<Vec<WorkflowRecord>> {
@@ -278,7 +281,7 @@ impl Store for MySqlStore {
     }
 
     async fn claim_due(&self, owner: &str, now: i64, lease_until: i64, limit: i64) -> Result<Vec<WorkflowRecord>> {
-        let mut tx = self.begin().await?;
+        let mut tx = self.leases.begin().await?;
         let ids: Vec<String> = sqlx::query_scalar(DUE).bind(now).bind(now).bind(limit).fetch_all(&mut *tx).await?;
         if ids.is_empty() {
             tx.commit().await?;
@@ -307,7 +310,7 @@ impl Store for MySqlStore {
             for id in ids {
                 q = q.bind(id);
             }
-            extended += q.execute(&self.pool).await?.rows_affected();
+            extended += q.execute(&self.leases).await?.rows_affected();
         }
         Ok(extended)
     }

@@ -27,6 +27,9 @@ mod rows;
 pub static MIGRATOR: sqlx::migrate::Migrator =
     sqlx::migrate::Migrator { ignore_missing: true, ..sqlx::migrate!("migrations/postgres") };
 
+/// Connections of the lease heartbeat and the recovery scan, besides the pool.
+const LEASE_CONNECTIONS: u32 = 2;
+
 /// The channel on which a finished workflow's id is sent to waiters in other processes.
 const NOTIFY_CHANNEL: &str = "onceflow_workflow_done";
 
@@ -37,6 +40,10 @@ pub struct PgStore {
     /// Most of the pool's connections, kept for one-statement commits and writes (see [`Held`]); none when
     /// the pool is too small to spare them.
     held: Option<Arc<Held<Postgres>>>,
+    /// Two connections of their own for the lease heartbeat and the recovery scan, so that commits holding the
+    /// pool and requests waiting on it cannot starve them (a lease that is not extended is lost to another
+    /// process).
+    leases: sqlx::PgPool,
 }
 
 impl PgStore {
@@ -61,7 +68,12 @@ impl PgStore {
         // A quarter of the connections, at least two, stay in the pool for reads and transactions.
         let max = pool.options().get_max_connections() as usize;
         let held = max.saturating_sub((max / 4).max(2));
-        Self { held: (held > 0).then(|| Arc::new(Held::new(pool.clone(), held))), pool }
+        let leases = PgPoolOptions::new()
+            .max_connections(LEASE_CONNECTIONS)
+            .test_before_acquire(false)
+            .acquire_timeout(Duration::from_secs(2))
+            .connect_lazy_with((*pool.connect_options()).clone());
+        Self { held: (held > 0).then(|| Arc::new(Held::new(pool.clone(), held))), pool, leases }
     }
 }
 
@@ -188,7 +200,7 @@ impl Store for PgStore {
         .bind(now)
         .bind(lease_until)
         .bind(limit)
-        .fetch_all(&self.pool)
+        .fetch_all(&self.leases)
         .await?)
     }
 
@@ -197,13 +209,12 @@ impl Store for PgStore {
         if workflow_ids.is_empty() {
             return Ok(0);
         }
-        let mut w = self.writer().await?;
         let q = sqlx::query(
             "UPDATE workflows SET lease_expires_at = $2 WHERE workflow_id = ANY($4) AND lease_owner = $1 \
              AND state IN ('running', 'compensating') AND lease_expires_at > $3",
         );
-        let done = q.bind(owner).bind(lease_until).bind(now).bind(workflow_ids).execute(&mut *w).await;
-        Ok(w.check(done)?.rows_affected())
+        let done = q.bind(owner).bind(lease_until).bind(now).bind(workflow_ids).execute(&self.leases).await?;
+        Ok(done.rows_affected())
     }
 
     async fn release(&self, workflow_id: &str, epoch: i64, next_attempt_at: i64, now: i64) -> Result<bool> {
