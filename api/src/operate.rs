@@ -20,7 +20,8 @@ impl OnPayments for Operate {
         let engine = payments.engine();
         match self.0 {
             WorkflowsCommand::List { state, limit, .. } => {
-                let page = engine.list(state.as_deref(), None, limit).await?;
+                let filter = onceflow_engine::store::WorkflowFilter { state: state.as_deref(), ..Default::default() };
+                let page = engine.list(filter, limit).await?;
                 println!("{:<48} {:<10} {:<20} {:>5}  UPDATED", "WORKFLOW", "NAME", "STATE", "EPOCH");
                 for w in &page {
                     let updated = crate::routes::orders::rfc3339(w.updated_at);

@@ -68,6 +68,7 @@ pub mod clock;
 mod config;
 mod context;
 mod core;
+mod counts;
 mod engine;
 mod error;
 mod ops;
@@ -81,6 +82,7 @@ mod workflow;
 
 pub use config::EngineConfig;
 pub use context::WorkflowContext;
+pub use counts::WorkflowCounts;
 pub use engine::{Engine, EngineBuilder, Handle};
 pub use error::{Error, Failure, Interrupt, Result, StepError};
 pub use ops::WorkflowView;

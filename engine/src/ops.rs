@@ -4,7 +4,7 @@ use serde::Serialize;
 
 use crate::engine::Engine;
 use crate::error::{CANCELLED_CODE, Error, Failure, Result, failure_json};
-use crate::store::{CompensationRecord, Reopen, StepRecord, Store, WorkflowRecord, state};
+use crate::store::{CompensationRecord, Reopen, StepRecord, Store, WorkflowFilter, WorkflowRecord, state};
 
 /// A workflow with its steps and compensations, for operators.
 #[derive(Debug, Clone, Serialize)]
@@ -33,14 +33,9 @@ impl<S: Store> Engine<S> {
         self.core.store.ping().await.is_ok()
     }
 
-    /// How many workflows are in each state (a scan of the workflow table: for a scrape, not a request path).
-    pub async fn count_by_state(&self) -> Result<Vec<(String, i64)>> {
-        self.core.store.count_by_state().await
-    }
-
-    /// A page of workflows, newest first, optionally in one state, created before `before` (ms).
-    pub async fn list(&self, state: Option<&str>, before: Option<i64>, limit: i64) -> Result<Vec<WorkflowRecord>> {
-        self.core.store.list(state, before, limit.clamp(1, 1000)).await
+    /// Up to `limit` (1–1000) workflows that pass `filter`, newest first (see [`Store::list`]).
+    pub async fn list(&self, filter: WorkflowFilter<'_>, limit: i64) -> Result<Vec<WorkflowRecord>> {
+        self.core.store.list(filter, limit.clamp(1, 1000)).await
     }
 
     /// Retries a workflow that ended badly: `compensation_failed` runs its compensations again; `failed`

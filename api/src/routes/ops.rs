@@ -5,7 +5,7 @@ use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use onceflow_engine::WorkflowView;
-use onceflow_engine::store::{StepRecord, WorkflowRecord};
+use onceflow_engine::store::{Cursor, StepRecord, WorkflowFilter, WorkflowRecord};
 use serde::Deserialize;
 use serde_json::json;
 use utoipa::IntoParams;
@@ -139,7 +139,9 @@ pub async fn list_workflows<S: PaymentStore>(
     if !(1..=1000).contains(&limit) {
         return Err(ApiError::invalid("limit must be between 1 and 1000"));
     }
-    let page = state.payments.engine().list(q.state.as_deref(), q.before, limit).await?;
+    let before = q.before.map(Cursor::before_time);
+    let filter = WorkflowFilter { state: q.state.as_deref(), after: before.as_ref(), ..Default::default() };
+    let page = state.payments.engine().list(filter, limit).await?;
     let next_before = (page.len() as i64 == limit).then(|| page.last().map(|w| w.created_at)).flatten();
     let workflows: Vec<_> = page.into_iter().filter(|w| visible(&state, &tenant, w)).map(redacted).collect();
     Ok(Json(json!({ "workflows": workflows, "next_before": next_before })))
@@ -206,9 +208,11 @@ pub async fn readyz<S: PaymentStore>(State(state): State<AppState<S>>) -> Respon
 /// outcome, unresolved payments (how many, the oldest one's age).
 #[utoipa::path(get, path = "/metrics", tag = "operations", responses((status = 200, description = "Prometheus text format")))]
 pub async fn metrics<S: PaymentStore>(State(state): State<AppState<S>>) -> Response {
-    let counts = state.payments.engine().count_by_state().await.unwrap_or_default();
-    for workflow_state in WORKFLOW_STATES {
-        let count = counts.iter().find(|(s, _)| s == workflow_state).map_or(0, |(_, n)| *n);
+    let counts = match state.payments.engine().workflow_counts() {
+        Some(counts) => counts.by_state,
+        None => state.payments.engine().refresh_counts().await.map(|c| c.by_state).unwrap_or_default(),
+    };
+    for (workflow_state, count) in counts {
         metrics::gauge!("onceflow_workflows", "state" => workflow_state).set(count as f64);
     }
     if let Ok((count, oldest)) = state.payments.engine().store().unresolved().await {
