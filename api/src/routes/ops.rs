@@ -2,7 +2,7 @@
 
 use axum::Json;
 use axum::extract::{Path, Query, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use onceflow_engine::WorkflowView;
 use onceflow_engine::store::{Cursor, StepRecord, WorkflowFilter, WorkflowRecord};
@@ -13,31 +13,61 @@ use utoipa::IntoParams;
 use onceflow_payments::PaymentStore;
 
 use crate::error::ApiError;
-use crate::state::{AppState, Auth, Tenant};
+use crate::state::{AppState, Caller, may_scrape};
 
-pub(crate) const WORKFLOW_STATES: [&str; 6] =
-    ["running", "compensating", "completed", "failed", "compensation_failed", "cancelled"];
+/// How long a scrape waits for the database to answer `SELECT 1` before it reports it down.
+const PING_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
+pub(crate) const WORKFLOW_STATES: [&str; 6] = onceflow_engine::store::state::ALL;
 
 /// Filters of `GET /v1/workflows`.
 #[derive(Debug, Deserialize, IntoParams)]
 pub struct ListQuery {
     /// running, compensating, completed, failed, compensation_failed or cancelled.
     pub state: Option<String>,
-    /// Only workflows created before this time (ms since the epoch): the next page.
+    /// The next page: the `next_cursor` of the previous one (exact, even for workflows created in the same
+    /// millisecond). Takes precedence over `before`.
+    pub cursor: Option<String>,
+    /// Only workflows created before this time (ms since the epoch): the `next_before` of the previous page.
+    /// Kept for older clients: workflows sharing the millisecond of a page's last one are skipped; use `cursor`.
     pub before: Option<i64>,
     /// Page size (1–1000, default 50).
     pub limit: Option<i64>,
 }
 
-/// A workflow belongs to the tenant named in its input; with a single tenant every workflow is visible.
-fn visible<S: PaymentStore>(state: &AppState<S>, tenant: &str, record: &WorkflowRecord) -> bool {
-    match state.auth {
-        Auth::SingleTenant => true,
-        Auth::Keys(_) => serde_json::from_str::<serde_json::Value>(&record.input)
+/// A cursor as clients see it: opaque, hex of `<created_at>.<workflow_id>`.
+fn encode_cursor(cursor: &Cursor) -> String {
+    format!("{}.{}", cursor.created_at, cursor.workflow_id).bytes().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A cursor this server gave; anything else is `None`.
+fn decode_cursor(raw: &str) -> Option<Cursor> {
+    if !raw.len().is_multiple_of(2) || raw.len() > 2048 {
+        return None;
+    }
+    let bytes: Option<Vec<u8>> =
+        (0..raw.len()).step_by(2).map(|i| raw.get(i..i + 2).and_then(|h| u8::from_str_radix(h, 16).ok())).collect();
+    let text = String::from_utf8(bytes?).ok()?;
+    let (created_at, workflow_id) = text.split_once('.')?;
+    Some(Cursor { created_at: created_at.parse().ok()?, workflow_id: workflow_id.to_owned() })
+}
+
+/// Whether `caller` may see `record`: operators (and the zero-configuration mode) every workflow; a tenant its
+/// own, by the row's tenant — or, for a row written before it had one, the tenant named in its input.
+fn visible(caller: &Caller, record: &WorkflowRecord) -> bool {
+    let Some(tenant) = caller.tenant_scope() else { return true };
+    match &record.tenant {
+        Some(owner) => owner == tenant,
+        None => serde_json::from_str::<serde_json::Value>(&record.input)
             .ok()
             .and_then(|v| v.get("tenant").and_then(|t| t.as_str()).map(|t| t == tenant))
             .unwrap_or(false),
     }
+}
+
+/// Retry and cancel are for operators.
+fn must_operate(caller: &Caller) -> Result<(), ApiError> {
+    if caller.is_operator() { Ok(()) } else { Err(ApiError::forbidden("retry and cancel take an operator key")) }
 }
 
 /// A stored JSON column as the JSON value it holds (a plain message, as older errors are, stays a string).
@@ -93,9 +123,14 @@ pub(crate) fn step_view(step: StepRecord) -> serde_json::Value {
     })
 }
 
-async fn visible_view<S: PaymentStore>(state: &AppState<S>, tenant: &str, id: &str) -> Result<WorkflowView, ApiError> {
+async fn visible_view<S: PaymentStore>(
+    state: &AppState<S>,
+    caller: &Caller,
+    id: &str,
+) -> Result<WorkflowView, ApiError> {
     match state.payments.engine().workflow(id).await? {
-        Some(view) if visible(state, tenant, &view.workflow) => Ok(view),
+        // Another tenant's workflow is not found, as one that does not exist: its id says nothing.
+        Some(view) if visible(caller, &view.workflow) => Ok(view),
         _ => Err(ApiError::not_found("workflow_not_found", format!("no workflow {id}"))),
     }
 }
@@ -105,14 +140,14 @@ async fn visible_view<S: PaymentStore>(state: &AppState<S>, tenant: &str, id: &s
     params(("workflow_id" = String, Path, description = "The workflow (payments: pay:<token>)")),
     responses(
         (status = 200, description = "The workflow with its steps and compensations"),
-        (status = 404, description = "workflow_not_found", body = crate::openapi::Problem),
+        (status = 404, description = "workflow_not_found (also another tenant's, for a tenant key)", body = crate::openapi::Problem),
     ))]
 pub async fn get_workflow<S: PaymentStore>(
     State(state): State<AppState<S>>,
-    Tenant(tenant): Tenant,
+    caller: Caller,
     Path(id): Path<String>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    let view = visible_view(&state, &tenant, &id).await?;
+    let view = visible_view(&state, &caller, &id).await?;
     Ok(Json(json!({
         "workflow": redacted(view.workflow),
         "steps": view.steps.into_iter().map(step_view).collect::<Vec<_>>(),
@@ -122,12 +157,16 @@ pub async fn get_workflow<S: PaymentStore>(
     })))
 }
 
-/// A page of workflows, newest first.
+/// A page of workflows, newest first (by creation time, then workflow id): a tenant key's own, an operator's
+/// of every tenant. `next_cursor` (and `next_before`) are set only when more workflows follow.
 #[utoipa::path(get, path = "/v1/workflows", tag = "operations", params(ListQuery),
-    responses((status = 200, description = "{\"workflows\": [...], \"next_before\": ms or null}")))]
+    responses(
+        (status = 200, description = "{\"workflows\": [...], \"next_cursor\": string or null, \"next_before\": ms or null}"),
+        (status = 400, description = "invalid_request: an unknown state, a limit out of range, a cursor this server did not give", body = crate::openapi::Problem),
+    ))]
 pub async fn list_workflows<S: PaymentStore>(
     State(state): State<AppState<S>>,
-    Tenant(tenant): Tenant,
+    caller: Caller,
     Query(q): Query<ListQuery>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     if let Some(s) = &q.state
@@ -139,12 +178,23 @@ pub async fn list_workflows<S: PaymentStore>(
     if !(1..=1000).contains(&limit) {
         return Err(ApiError::invalid("limit must be between 1 and 1000"));
     }
-    let before = q.before.map(Cursor::before_time);
-    let filter = WorkflowFilter { state: q.state.as_deref(), after: before.as_ref(), ..Default::default() };
-    let page = state.payments.engine().list(filter, limit).await?;
-    let next_before = (page.len() as i64 == limit).then(|| page.last().map(|w| w.created_at)).flatten();
-    let workflows: Vec<_> = page.into_iter().filter(|w| visible(&state, &tenant, w)).map(redacted).collect();
-    Ok(Json(json!({ "workflows": workflows, "next_before": next_before })))
+    let after = match (&q.cursor, q.before) {
+        (Some(raw), _) => {
+            Some(decode_cursor(raw).ok_or_else(|| ApiError::invalid("cursor is not a next_cursor of this API"))?)
+        }
+        (None, Some(before)) => Some(Cursor::before_time(before)),
+        (None, None) => None,
+    };
+    let filter = WorkflowFilter { tenant: caller.tenant_scope(), state: q.state.as_deref(), after: after.as_ref() };
+    // One row more than the page says whether another page follows, so that no empty page carries a cursor.
+    let mut page = state.payments.engine().list(filter, limit + 1).await?;
+    let more = page.len() as i64 > limit;
+    page.truncate(usize::try_from(limit).unwrap_or(usize::MAX));
+    let next = page.last().filter(|_| more).map(Cursor::after);
+    let next_before = next.as_ref().map(|c| c.created_at);
+    let next_cursor = next.as_ref().map(encode_cursor);
+    let workflows: Vec<_> = page.into_iter().map(redacted).collect();
+    Ok(Json(json!({ "workflows": workflows, "next_cursor": next_cursor, "next_before": next_before })))
 }
 
 /// Retries a failed workflow (compensation_failed: its compensations; failed with nothing compensated: forward).
@@ -152,15 +202,16 @@ pub async fn list_workflows<S: PaymentStore>(
     params(("workflow_id" = String, Path, description = "The workflow")),
     responses(
         (status = 200, description = "Reopened"),
+        (status = 403, description = "forbidden: a tenant key (retry is for operators)", body = crate::openapi::Problem),
         (status = 404, description = "workflow_not_found", body = crate::openapi::Problem),
         (status = 409, description = "invalid_state", body = crate::openapi::Problem),
     ))]
 pub async fn retry_workflow<S: PaymentStore>(
     State(state): State<AppState<S>>,
-    Tenant(tenant): Tenant,
+    caller: Caller,
     Path(id): Path<String>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    visible_view(&state, &tenant, &id).await?;
+    must_operate(&caller)?;
     Ok(Json(redacted(state.payments.engine().retry(&id).await?)))
 }
 
@@ -169,15 +220,16 @@ pub async fn retry_workflow<S: PaymentStore>(
     params(("workflow_id" = String, Path, description = "The workflow")),
     responses(
         (status = 200, description = "Cancelling"),
+        (status = 403, description = "forbidden: a tenant key (cancel is for operators)", body = crate::openapi::Problem),
         (status = 404, description = "workflow_not_found", body = crate::openapi::Problem),
         (status = 409, description = "invalid_state", body = crate::openapi::Problem),
     ))]
 pub async fn cancel_workflow<S: PaymentStore>(
     State(state): State<AppState<S>>,
-    Tenant(tenant): Tenant,
+    caller: Caller,
     Path(id): Path<String>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    visible_view(&state, &tenant, &id).await?;
+    must_operate(&caller)?;
     Ok(Json(redacted(state.payments.engine().cancel(&id).await?)))
 }
 
@@ -204,24 +256,59 @@ pub async fn readyz<S: PaymentStore>(State(state): State<AppState<S>>) -> Respon
     }
 }
 
-/// Prometheus metrics: requests by route and status, latency histograms, workflows by state, channel calls by
-/// outcome, unresolved payments (how many, the oldest one's age).
-#[utoipa::path(get, path = "/metrics", tag = "operations", responses((status = 200, description = "Prometheus text format")))]
-pub async fn metrics<S: PaymentStore>(State(state): State<AppState<S>>) -> Response {
-    let counts = match state.payments.engine().workflow_counts() {
-        Some(counts) => counts.by_state,
-        None => state.payments.engine().refresh_counts().await.map(|c| c.by_state).unwrap_or_default(),
-    };
-    for (workflow_state, count) in counts {
-        metrics::gauge!("onceflow_workflows", "state" => workflow_state).set(count as f64);
+/// Prometheus metrics: requests by route and status, latency histograms, whether the database answers, workflows
+/// by state (counted in the background, with the time of the count), channel calls by outcome, unresolved
+/// payments (how many, the oldest one's age). With operator keys configured, for operator keys only.
+#[utoipa::path(get, path = "/metrics", tag = "operations", responses(
+    (status = 200, description = "Prometheus text format"),
+    (status = 401, description = "unauthorized: no operator key (when operator keys are configured)", body = crate::openapi::Problem),
+    (status = 403, description = "forbidden: a tenant key (when operator keys are configured)", body = crate::openapi::Problem),
+))]
+pub async fn metrics<S: PaymentStore>(State(state): State<AppState<S>>, headers: HeaderMap) -> Response {
+    if let Err(refused) = may_scrape(&state, &headers) {
+        return refused.into_response();
     }
-    if let Ok((count, oldest)) = state.payments.engine().store().unresolved().await {
+    let engine = state.payments.engine();
+    // One trivial query, bounded: a scrape while the database is down says so, quickly, instead of zeros.
+    let up = matches!(tokio::time::timeout(PING_TIMEOUT, engine.ready()).await, Ok(true));
+    // The engine's counts, read from memory (no scan of the workflow table per scrape; see
+    // onceflow_engine's `counts.rs`). Written into the body rather than the process's recorder: they are this
+    // service's, read now.
+    let mut counts = engine.workflow_counts();
+    // A process's first scrape has started its first count: worth waiting for, briefly, that once.
+    let deadline = tokio::time::Instant::now() + PING_TIMEOUT;
+    while up && counts.is_none() && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        counts = engine.workflow_counts();
+    }
+    let figures = database_figures(up, counts);
+    if up && let Ok((count, oldest)) = engine.store().unresolved().await {
         let age_ms = oldest.map_or(0, |created_at| (chrono::Utc::now().timestamp_millis() - created_at).max(0));
         metrics::gauge!("onceflow_unresolved_payments").set(count as f64);
         metrics::gauge!("onceflow_unresolved_payment_oldest_seconds").set(age_ms as f64 / 1000.0);
     }
-    let body = crate::metrics::render();
+    let body = crate::metrics::render() + &figures;
     ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], body).into_response()
+}
+
+/// `onceflow_database_up`, and the workflows by state with the time they were counted (absent until a first
+/// count succeeded: absent, not zero), in Prometheus text format.
+fn database_figures(up: bool, counts: Option<onceflow_engine::WorkflowCounts>) -> String {
+    use std::fmt::Write;
+    let mut text =
+        String::from("# HELP onceflow_database_up Whether the database answered this scrape (1) or not (0)\n");
+    let _ = writeln!(text, "# TYPE onceflow_database_up gauge\nonceflow_database_up {}", u8::from(up));
+    if let Some(counts) = counts {
+        text.push_str("# HELP onceflow_workflows Workflows by state, as last counted (see the timestamp)\n");
+        text.push_str("# TYPE onceflow_workflows gauge\n");
+        for (state, count) in &counts.by_state {
+            let _ = writeln!(text, "onceflow_workflows{{state=\"{state}\"}} {count}");
+        }
+        text.push_str("# HELP onceflow_workflows_counted_timestamp_seconds When onceflow_workflows was counted\n");
+        text.push_str("# TYPE onceflow_workflows_counted_timestamp_seconds gauge\n");
+        let _ = writeln!(text, "onceflow_workflows_counted_timestamp_seconds {}", counts.counted_at as f64 / 1000.0);
+    }
+    text
 }
 
 /// This document.
