@@ -48,6 +48,7 @@ on_every_backend!(
     workflows_of_one_millisecond_page_exactly_once,
     a_tenant_pages_only_its_own_workflows,
     tenants_may_not_steer_operators_may,
+    an_orders_payments_newest_first,
 );
 
 const ACME: &str = "acme-secret-key";
@@ -240,6 +241,36 @@ async fn tenants_may_not_steer_operators_may(url: String) {
     acme.get("/metrics").await.assert_problem(403, "forbidden");
     as_key(&base, "nobody-at-all").get("/metrics").await.assert_problem(401, "unauthorized");
     assert_eq!(operator.get("/metrics").await.status, 200);
+}
+
+async fn an_orders_payments_newest_first(url: String) {
+    // The first attempt is declined, the second (a fresh token, the order payable again) charged.
+    let declining = MockChannel::new(MockChannelConfig { decline_rate: 1.0, ..Default::default() });
+    let first = start(&url, Arc::new(declining), keys()).await;
+    let acme = as_key(&first, ACME);
+    acme.order("O-1", 1000).await;
+    let declined = acme.pay(&acme.token().await, pay_body("O-1")).await;
+    declined.assert_problem(402, "payment_declined");
+    let second = start(&url, Arc::new(MockChannel::reliable()), keys()).await;
+    let (acme, globex) = (as_key(&second, ACME), as_key(&second, GLOBEX));
+    let paid = acme.pay(&acme.token().await, pay_body("O-1")).await;
+    assert_eq!(paid.status, 201, "{}", paid.text);
+    // Another tenant's order of the same number is not acme's.
+    globex.order("O-1", 1000).await;
+    assert_eq!(globex.pay(&globex.token().await, pay_body("O-1")).await.status, 201);
+
+    let listed = acme.get("/v1/payments?order_no=O-1").await;
+    assert_eq!(listed.status, 200, "{}", listed.text);
+    let payments = listed.json()["payments"].as_array().unwrap().clone();
+    let statuses: Vec<&str> = payments.iter().map(|p| p["status"].as_str().unwrap()).collect();
+    assert_eq!(statuses, ["succeeded", "declined"], "{}", listed.text);
+    assert_eq!(payments[0]["request_no"], paid.json()["request_no"]);
+    assert!(payments.iter().all(|p| p["order_no"] == "O-1" && p["request_no"].is_string()));
+    let theirs = globex.get("/v1/payments?order_no=O-1").await.json();
+    assert_eq!(theirs["payments"].as_array().unwrap().len(), 1);
+    assert_eq!(acme.get("/v1/payments?order_no=O-none").await.json()["payments"], json!([]));
+    acme.get("/v1/payments?order_no=not%20valid").await.assert_problem(400, "invalid_request");
+    acme.get("/v1/payments").await.assert_problem(400, "invalid_request");
 }
 
 /// The tenant list query reads the `(tenant, created_at, workflow_id)` index, in order, with no sort.

@@ -22,6 +22,7 @@ pub(crate) const WORKFLOW_STATES: [&str; 6] = onceflow_engine::store::state::ALL
 
 /// Filters of `GET /v1/workflows`.
 #[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct ListQuery {
     /// running, compensating, completed, failed, compensation_failed or cancelled.
     pub state: Option<String>,
