@@ -46,6 +46,7 @@ macro_rules! on_every_backend {
 
 on_every_backend!(
     workflows_of_one_millisecond_page_exactly_once,
+    pages_hold_while_workflows_are_added,
     a_tenant_pages_only_its_own_workflows,
     tenants_may_not_steer_operators_may,
     an_orders_payments_newest_first,
@@ -78,7 +79,18 @@ fn pay_body(order_no: &str) -> Value {
 /// `n` finished workflows, all created in the same millisecond, inserted straight into the store (as many
 /// concurrent starts in one millisecond would leave them).
 async fn insert_same_millisecond(url: &str, n: usize, tenant: Option<&'static str>) -> HashSet<String> {
-    struct Insert(usize, Option<&'static str>);
+    insert_workflows(url, n, tenant, 1_700_000_000_000, "same-ms").await
+}
+
+/// `n` finished workflows created at `created_at`, ids `<prefix>-<i>-<tenant>`.
+async fn insert_workflows(
+    url: &str,
+    n: usize,
+    tenant: Option<&'static str>,
+    created_at: i64,
+    prefix: &'static str,
+) -> HashSet<String> {
+    struct Insert(usize, Option<&'static str>, i64, &'static str);
     impl OnPayments for Insert {
         type Output = HashSet<String>;
         async fn run<S: PaymentStore>(self, payments: Payments<S>) -> HashSet<String> {
@@ -86,7 +98,7 @@ async fn insert_same_millisecond(url: &str, n: usize, tenant: Option<&'static st
             let mut ids = HashSet::new();
             let mut tx = store.begin().await.unwrap();
             for i in 0..self.0 {
-                let id = format!("same-ms-{i:03}-{}", self.1.unwrap_or("none"));
+                let id = format!("{}-{i:03}-{}", self.3, self.1.unwrap_or("none"));
                 let record = WorkflowRecord {
                     workflow_id: id.clone(),
                     name: "payment".into(),
@@ -98,10 +110,10 @@ async fn insert_same_millisecond(url: &str, n: usize, tenant: Option<&'static st
                     lease_owner: None,
                     lease_expires_at: None,
                     lease_epoch: 1,
-                    next_attempt_at: 1_700_000_000_000,
+                    next_attempt_at: self.2,
                     notify: false,
-                    created_at: 1_700_000_000_000,
-                    updated_at: 1_700_000_000_000,
+                    created_at: self.2,
+                    updated_at: self.2,
                     tenant: self.1.map(str::to_owned),
                 };
                 assert!(store.insert_workflow(&mut tx, &record, &[]).await.unwrap());
@@ -112,7 +124,9 @@ async fn insert_same_millisecond(url: &str, n: usize, tenant: Option<&'static st
         }
     }
     let channel = Arc::new(MockChannel::reliable());
-    with_payments(url, channel, EngineConfig::default(), 2, Insert(n, tenant)).await.expect("database")
+    with_payments(url, channel, EngineConfig::default(), 2, Insert(n, tenant, created_at, prefix))
+        .await
+        .expect("database")
 }
 
 /// Every page of `GET /v1/workflows?{query}` through `next_cursor`: the pages' workflow ids, and whether an
@@ -159,6 +173,41 @@ async fn workflows_of_one_millisecond_page_exactly_once(url: String) {
     assert_eq!(seen, sorted);
     // A cursor that is not one of ours is a 400, not a guess.
     app.get("/v1/workflows?cursor=not-a-cursor").await.assert_problem(400, "invalid_request");
+}
+
+/// Workflows started while a client pages (newer than its cursor) are not on its later pages, and shift nothing:
+/// every workflow that was there is listed once; one inserted behind the cursor (an older creation time, as a
+/// start in a process with a slower clock leaves) is listed once too.
+async fn pages_hold_while_workflows_are_added(url: String) {
+    const T: i64 = 1_700_000_000_000;
+    let before = insert_workflows(&url, 30, None, T, "old").await;
+    let app = start(&url, Arc::new(MockChannel::reliable()), Auth::SingleTenant).await;
+    let (mut seen, mut cursor, mut newer, mut behind) = (Vec::new(), None::<String>, HashSet::new(), HashSet::new());
+    for page_no in 0.. {
+        let path = match &cursor {
+            Some(c) => format!("/v1/workflows?limit=7&cursor={c}"),
+            None => "/v1/workflows?limit=7".to_owned(),
+        };
+        let body = app.get(&path).await.json();
+        seen.extend(
+            body["workflows"].as_array().unwrap().iter().map(|w| w["workflow_id"].as_str().unwrap().to_owned()),
+        );
+        if page_no == 0 {
+            newer = insert_workflows(&url, 10, None, T + 1, "newer").await;
+        }
+        if page_no == 2 {
+            behind = insert_workflows(&url, 5, None, T - 1, "behind").await;
+        }
+        match body["next_cursor"].as_str() {
+            Some(next) => cursor = Some(next.to_owned()),
+            None => break,
+        }
+    }
+    let unique: HashSet<String> = seen.iter().cloned().collect();
+    assert_eq!(unique.len(), seen.len(), "no workflow twice: {seen:?}");
+    assert!(before.is_subset(&unique) && behind.is_subset(&unique), "{seen:?}");
+    assert!(newer.is_disjoint(&unique), "newer than the cursor: on no later page");
+    assert_eq!(seen.len(), 35);
 }
 
 async fn a_tenant_pages_only_its_own_workflows(url: String) {
