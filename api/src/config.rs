@@ -167,6 +167,9 @@ pub enum WorkflowsCommand {
         /// running, compensating, completed, failed, compensation_failed or cancelled.
         #[arg(long)]
         state: Option<String>,
+        /// Only this tenant's workflows.
+        #[arg(long)]
+        tenant: Option<String>,
         /// How many.
         #[arg(long, default_value_t = 20)]
         limit: i64,

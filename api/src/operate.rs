@@ -19,8 +19,12 @@ impl OnPayments for Operate {
     async fn run<S: PaymentStore>(self, payments: Payments<S>) -> Self::Output {
         let engine = payments.engine();
         match self.0 {
-            WorkflowsCommand::List { state, limit, .. } => {
-                let filter = onceflow_engine::store::WorkflowFilter { state: state.as_deref(), ..Default::default() };
+            WorkflowsCommand::List { state, tenant, limit, .. } => {
+                let filter = onceflow_engine::store::WorkflowFilter {
+                    state: state.as_deref(),
+                    tenant: tenant.as_deref(),
+                    ..Default::default()
+                };
                 let page = engine.list(filter, limit).await?;
                 println!("{:<48} {:<10} {:<20} {:>5}  UPDATED", "WORKFLOW", "NAME", "STATE", "EPOCH");
                 for w in &page {

@@ -20,7 +20,17 @@ pub struct WorkflowView {
 impl<S: Store> Engine<S> {
     /// A workflow with its steps and compensations.
     pub async fn workflow(&self, workflow_id: &str) -> Result<Option<WorkflowView>> {
-        let Some(workflow) = self.core.store.workflow(workflow_id).await? else {
+        self.workflow_if(workflow_id, |_| true).await
+    }
+
+    /// A workflow with its steps and compensations, if `visible` accepts its row: a workflow it refuses is read
+    /// as one that does not exist, with no more queries (so its answer takes no longer than a missing one's).
+    pub async fn workflow_if(
+        &self,
+        workflow_id: &str,
+        visible: impl FnOnce(&WorkflowRecord) -> bool,
+    ) -> Result<Option<WorkflowView>> {
+        let Some(workflow) = self.core.store.workflow(workflow_id).await?.filter(|w| visible(w)) else {
             return Ok(None);
         };
         let (steps, compensations) =

@@ -129,9 +129,9 @@ async fn visible_view<S: PaymentStore>(
     caller: &Caller,
     id: &str,
 ) -> Result<WorkflowView, ApiError> {
-    match state.payments.engine().workflow(id).await? {
-        // Another tenant's workflow is not found, as one that does not exist: its id says nothing.
-        Some(view) if visible(caller, &view.workflow) => Ok(view),
+    // Another tenant's workflow is not found, as one that does not exist, and as fast: its id says nothing.
+    match state.payments.engine().workflow_if(id, |w| visible(caller, w)).await? {
+        Some(view) => Ok(view),
         _ => Err(ApiError::not_found("workflow_not_found", format!("no workflow {id}"))),
     }
 }
