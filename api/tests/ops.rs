@@ -341,7 +341,9 @@ async fn the_list_query_uses_the_index_on_postgres() {
         (tenant(None, None), "workflows_tenant_page"),
         (tenant(None, Some(&cursor)), "workflows_tenant_page"),
         (tenant(Some("completed"), Some(&cursor)), "workflows_tenant_page"),
-        // Every tenant's: one branch per state, each on the state's range of workflows_state.
+        // Every tenant's: one branch per state, each on the state's range of workflows_state (sorting a
+        // millisecond's rows by id: on this small table the planner sorts the branch whole, on a large one it
+        // sorts incrementally; see engine/src/store/postgres/list.rs).
         (WorkflowFilter { after: Some(&cursor), ..Default::default() }, "workflows_state"),
         (WorkflowFilter { state: Some("completed"), ..Default::default() }, "workflows_state"),
     ] {

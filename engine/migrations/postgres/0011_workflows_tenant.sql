@@ -6,4 +6,7 @@
 -- commits, blocking the commits of running workflows. Those rows (and rows older binaries insert during a rolling
 -- deploy) keep a NULL tenant: operators list them, a tenant reads each by id (its input names the tenant) but
 -- does not list them, and the history retention deletes them once they are finished.
+-- The lock waits for transactions already on the table, and every query queues behind it meanwhile: a bounded wait
+-- fails the migration (run it again) instead of stalling the service behind one long transaction.
+SET LOCAL lock_timeout = '5s';
 ALTER TABLE workflows ADD COLUMN tenant TEXT;

@@ -2,10 +2,15 @@
 //! the query.
 //!
 //! A tenant's page reads `workflows_tenant_page (tenant, created_at, workflow_id)` (migration 0012) backwards
-//! from the cursor, for the rows it returns (a state is a filter on that range). Every tenant's page has no
-//! index of its own on Postgres (building one would take a third `CONCURRENTLY` migration); it is the merge of
-//! one branch per state, each reading `workflows_state (state, created_at)` backwards from the cursor for at most
-//! a page (rows of one millisecond sorted by id): six short index scans, never the table.
+//! from the cursor, for the rows it returns. With a state too, the state is a filter on that range (or the
+//! planner reads the state's range of `workflows_state` and filters the tenant): a state the tenant has few
+//! workflows in reads past the others', as no index leads with both.
+//!
+//! Every tenant's page has no index of its own on Postgres (building one would take a third `CONCURRENTLY`
+//! migration); it is the merge (Merge Append) of one branch per state, each reading `workflows_state (state,
+//! created_at)` backwards from the cursor and sorting only the rows of one millisecond by id (Incremental Sort):
+//! measured over 200,000 workflows, 22 index rows for a page of 21, never the table. (On a near-empty table the
+//! planner sorts a branch's few rows whole instead, which costs nothing there.)
 
 use sqlx::postgres::PgArguments;
 use sqlx::{Arguments, PgPool, Postgres};
