@@ -252,7 +252,7 @@ async fn a_tenant_pages_only_its_own_workflows(url: String) {
 async fn tenants_may_not_steer_operators_may(url: String) {
     // A channel that holds each charge, so that a payment is still running when it is cancelled.
     let channel = MockChannel::new(MockChannelConfig { latency_ms: 3_000, ..Default::default() });
-    let base = start(&url, Arc::new(channel), keys()).await;
+    let base = start(&url, Arc::new(channel.clone()), keys()).await;
     let (acme, globex, operator) = (as_key(&base, ACME), as_key(&base, GLOBEX), as_key(&base, OPERATOR));
     acme.order("O-1", 1000).await;
     globex.order("O-1", 1000).await;
@@ -280,8 +280,31 @@ async fn tenants_may_not_steer_operators_may(url: String) {
         let cancelled = operator.post(&format!("/v1/workflows/{wf}/cancel"), json!({})).await;
         assert_eq!(cancelled.status, 200, "{}", cancelled.text);
         assert_eq!(cancelled.json()["state"], "compensating");
-        // Once cancelled it is not running: a second cancel is the engine's 409, not a 403.
+        // Once cancelled it is not running: a second cancel is the engine's 409, not a 403; so is a retry of a
+        // workflow that did not fail (the operator may ask; the engine decides).
         operator.post(&format!("/v1/workflows/{wf}/cancel"), json!({})).await.assert_problem(409, "invalid_state");
+        operator.post(&format!("/v1/workflows/{wf}/retry"), json!({})).await.assert_problem(409, "invalid_state");
+    }
+    // The runs that were in the channel call when cancelled are fenced out: each workflow ends cancelled (its
+    // compensations run), never completed by the run that was overtaken.
+    for wf in [&acme_wf, &globex_wf] {
+        let mut state = String::new();
+        for _ in 0..200 {
+            state = operator.get(&format!("/v1/workflows/{wf}")).await.json()["workflow"]["state"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
+            if state != "compensating" {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        assert_eq!(state, "cancelled", "{wf}");
+    }
+    // Undone: each order payable again, and no charge kept at the channel.
+    for (app, merchant) in [(&acme, "acme"), (&globex, "globex")] {
+        assert_eq!(app.get("/v1/orders/O-1").await.json()["status"], "pending");
+        assert_eq!(channel.ledger().kept_charges_of(merchant, "O-1"), 0);
     }
     // An operator is nobody's tenant: tenant business routes are not for its key.
     operator.get("/v1/orders/O-1").await.assert_problem(403, "forbidden");
