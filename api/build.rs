@@ -1,10 +1,13 @@
-//! Marks the tests that need a database server or a broker as ignored when its URL is not set at build time,
-//! so that a tally counts them as ignored rather than passed (they would return at once). `.ci/run` sets every
-//! URL, so CI runs them all; cargo rebuilds when one of the variables changes.
+//! Marks the tests that need a database server, a broker or schemathesis as ignored when its URL (or path) is
+//! not set at build time, so that a tally counts them as ignored rather than passed (they would return at once).
+//! `.ci/run` sets every variable, so CI runs them all; cargo rebuilds when one of the variables changes.
 fn main() {
-    for (var, cfg) in
-        [("DATABASE_URL", "onceflow_no_postgres"), ("MYSQL_URL", "onceflow_no_mysql"), ("AMQP_URL", "onceflow_no_amqp")]
-    {
+    for (var, cfg) in [
+        ("DATABASE_URL", "onceflow_no_postgres"),
+        ("MYSQL_URL", "onceflow_no_mysql"),
+        ("AMQP_URL", "onceflow_no_amqp"),
+        ("SCHEMATHESIS", "onceflow_no_schemathesis"),
+    ] {
         println!("cargo::rerun-if-env-changed={var}");
         println!("cargo::rustc-check-cfg=cfg({cfg})");
         if std::env::var(var).map_or(true, |v| v.is_empty()) {

@@ -1,11 +1,14 @@
 //! The OpenAPI 3.1 document, generated from the handlers' annotations and completed here with what is the same
 //! for every operation, so that the document says what the server does (checked by schemathesis): errors are
-//! `application/problem+json`; every operation may answer `401` (API keys), `503` (storage) and, with a JSON body,
-//! `413` and `415`; identifiers, amounts and currencies carry the constraints the server checks.
+//! `application/problem+json`; every operation may answer `401` (API keys), `503` (storage), with a query or a JSON
+//! body `400`, and with a JSON body `413` and `415`; parameters are where the server reads them; identifiers,
+//! amounts and currencies carry the constraints the server checks.
 
 use serde::Serialize;
 use serde_json::{Value, json};
 use utoipa::{OpenApi, ToSchema};
+
+use onceflow_payments::{KEY_PATTERN, TOKEN_PATTERN};
 
 use crate::routes::{compat, ops, orders, payments, tokens};
 
@@ -61,14 +64,6 @@ pub struct Problem {
 )]
 pub struct ApiDoc;
 
-/// `order_no` and `request_no`: 1–64 characters of `A-Z a-z 0-9 . _ : -`, other than `.` and `..` (see
-/// `onceflow_payments::validate_key`), as a regular expression without look-ahead.
-const KEY_PATTERN: &str =
-    r"^([A-Za-z0-9_:-][A-Za-z0-9._:-]{0,63}|\.[A-Za-z0-9_:-][A-Za-z0-9._:-]{0,62}|\.\.[A-Za-z0-9._:-]{1,62})$";
-
-/// An idempotency token as a client may send it: 1–128 characters of `A-Z a-z 0-9 _ -`.
-const TOKEN_PATTERN: &str = "^[A-Za-z0-9_-]{1,128}$";
-
 /// The served document: the generated one, completed (see the module docs).
 pub fn document() -> Value {
     let mut doc = serde_json::to_value(ApiDoc::openapi()).unwrap_or_default();
@@ -81,16 +76,17 @@ pub fn document() -> Value {
             }
         }
     }
-    if let Some(schemas) = doc.pointer_mut("/components/schemas").and_then(Value::as_object_mut) {
-        for schema in schemas.values_mut() {
-            constrain_properties(schema);
-        }
-    }
     doc
 }
 
 fn complete_operation(path: &str, op: &mut Value, problem: &Value) {
+    if let Some(params) = op.get_mut("parameters").and_then(Value::as_array_mut) {
+        for param in params {
+            complete_parameter(path, param);
+        }
+    }
     let has_body = op.get("requestBody").is_some();
+    let has_query = op["parameters"].as_array().is_some_and(|params| params.iter().any(|p| p["in"] == "query"));
     let served = !matches!(path, "/healthz" | "/openapi.json" | "/metrics");
     if let Some(responses) = op.get_mut("responses").and_then(Value::as_object_mut) {
         for (status, response) in responses.iter_mut() {
@@ -111,55 +107,59 @@ fn complete_operation(path: &str, op: &mut Value, problem: &Value) {
             add("401", "unauthorized: a missing or unknown API key (when keys are configured)");
             add("503", "unavailable: storage is unavailable; retry after Retry-After");
         }
-        if has_body {
+        if has_body || has_query {
             add("400", "invalid_request");
+        }
+        if has_body {
             add("413", "payload_too_large");
             add("415", "unsupported_media_type: send the body as application/json");
         }
     }
-    if let Some(params) = op.get_mut("parameters").and_then(Value::as_array_mut) {
-        for param in params {
-            let name = param.get("name").and_then(Value::as_str).unwrap_or_default().to_owned();
-            let schema = match name.as_str() {
-                "order_no" | "request_no" => json!({ "type": "string", "pattern": KEY_PATTERN }),
-                "Idempotency-Key" => {
-                    // Or `token` in the body: the header is not required.
-                    param["required"] = json!(false);
-                    json!({ "type": "string", "pattern": TOKEN_PATTERN })
-                }
-                "state" => json!({ "type": "string", "enum": crate::routes::ops::WORKFLOW_STATES }),
-                "limit" => json!({ "type": "integer", "format": "int64", "minimum": 1, "maximum": 1000 }),
-                _ => continue,
-            };
-            param["schema"] = schema;
-            if param.get("in").and_then(Value::as_str) == Some("query") {
-                // A query value is one scalar: `limit=5`, never a list spread over several pairs.
-                param["explode"] = json!(false);
-            }
-        }
-    }
 }
 
-/// The constraints the server checks on request fields, by name.
-fn constrain_properties(schema: &mut Value) {
-    let Some(props) = schema.get_mut("properties").and_then(Value::as_object_mut) else { return };
-    for (name, prop) in props.iter_mut() {
-        let Some(prop) = prop.as_object_mut() else { continue };
-        match name.as_str() {
-            "order_no" | "request_no" => {
-                prop.insert("pattern".to_owned(), json!(KEY_PATTERN));
-            }
-            "currency" => {
-                prop.insert("pattern".to_owned(), json!("^[A-Z]{3}$"));
-            }
-            "amount" => {
-                prop.insert("minimum".to_owned(), json!(1));
-            }
-            // The idempotency token of the original design's body (and of `/v1/payments` when not a header).
-            "token" => {
-                prop.insert("pattern".to_owned(), json!(TOKEN_PATTERN));
-            }
-            _ => {}
-        }
+/// Puts a parameter where the server reads it, with the constraints the server checks.
+fn complete_parameter(path: &str, param: &mut Value) {
+    let name = param["name"].as_str().unwrap_or_default().to_owned();
+    if param["in"] == "path" && !path.contains(&format!("{{{name}}}")) {
+        into_query(param);
     }
+    if param["in"] == "query" {
+        // A query value is one scalar: `limit=5`, never a list spread over several pairs.
+        param["explode"] = json!(false);
+    }
+    let schema = match name.as_str() {
+        "order_no" | "request_no" => json!({ "type": "string", "pattern": KEY_PATTERN }),
+        "Idempotency-Key" => {
+            // Or `token` in the body (the original design's clients): one of the two is required, which OpenAPI
+            // cannot say across a header and a body field; the document says it in words, and
+            // api/tests/schemathesis/hooks.py tells schemathesis.
+            param["required"] = json!(false);
+            param["description"] = json!(
+                "Token from POST /v1/tokens: 1-128 characters of A-Z a-z 0-9 _ -. Required unless the body \
+                 carries it as `token` (the original design's clients); the header is used when both are sent."
+            );
+            json!({ "type": "string", "pattern": TOKEN_PATTERN })
+        }
+        "state" => json!({ "type": "string", "enum": crate::routes::ops::WORKFLOW_STATES }),
+        "limit" => json!({ "type": "integer", "format": "int64", "minimum": 1, "maximum": 1000 }),
+        _ => return,
+    };
+    param["schema"] = schema;
+}
+
+/// Moves a parameter of a query struct to the query. `#[derive(IntoParams)]` puts a struct's fields in the path
+/// unless told otherwise, and makes every one required there; a query field is required only when it is not an
+/// `Option`, which the generated schema says as a `null` in its type. An absent parameter is the query's `null`,
+/// so the schema keeps only the other types (`before=` would be no integer the server reads).
+fn into_query(param: &mut Value) {
+    let mut optional = false;
+    if let Some(kind) = param.pointer_mut("/schema/type")
+        && let Some(types) = kind.as_array()
+    {
+        optional = types.iter().any(|t| t == "null");
+        let rest: Vec<Value> = types.iter().filter(|t| *t != "null").cloned().collect();
+        *kind = if let [one] = rest.as_slice() { one.clone() } else { Value::Array(rest) };
+    }
+    param["in"] = json!("query");
+    param["required"] = json!(!optional);
 }

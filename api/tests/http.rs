@@ -286,6 +286,26 @@ on_every_backend!(
 
 /// The document says what the server does (what schemathesis checks): errors are problem+json, the statuses
 /// every operation can answer are listed, and request fields carry the constraints the server checks.
+/// Which check answers first is part of the contract a client sees: the token before the body's fields on both
+/// payment routes, and on the original design's route an invalid order number is an unknown order, as it was.
+#[tokio::test]
+async fn the_order_of_checks_is_kept() {
+    let (app, _) = start_reliable(&database("sqlite").await.unwrap()).await;
+    app.order("O-c", 1000).await;
+    // The header is the token: a malformed `token` in the body beside it is not looked at.
+    let token = app.token().await;
+    let body = json!({"order_no": "O-c", "amount": 1000, "currency": "CNY", "token": "not a token!"});
+    let paid = app.pay(&token, body).await;
+    assert_eq!(paid.status, 201, "{}", paid.text);
+    // The original design's route: the token first, then the order, then the rest.
+    let legacy = |token: &str, order_no: &str, request_no: &str| json!({"token": token, "order_no": order_no, "request_no": request_no, "amount": 1000});
+    app.post("/pay", legacy("bad token!", "a b", "R-1")).await.assert_problem(400, "idempotency_key_invalid");
+    let token = app.send(Method::POST, "/tokens", &[], None).await.json()["token"].as_str().unwrap().to_owned();
+    app.post("/pay", legacy(&token, "a b", "R-1")).await.assert_problem(404, "order_not_found");
+    app.post("/pay", legacy(&token, "O-none", "..")).await.assert_problem(404, "order_not_found");
+    app.post("/pay", legacy(&token, "O-c", "..")).await.assert_problem(400, "invalid_request");
+}
+
 #[tokio::test]
 async fn openapi_says_what_the_server_answers() {
     let (app, _) = start_reliable(&database("sqlite").await.unwrap()).await;
@@ -295,10 +315,16 @@ async fn openapi_says_what_the_server_answers() {
         assert!(pay[status]["content"]["application/problem+json"].is_object(), "{status}: {pay}");
         assert!(pay[status]["content"]["application/json"].is_null(), "{status}: {pay}");
     }
+    // The list's filters are optional query parameters (a derived IntoParams says path, and required).
+    let list = doc["paths"]["/v1/workflows"]["get"]["parameters"].as_array().unwrap();
+    assert!(list.iter().all(|p| p["in"] == "query" && p["required"] == false), "{list:?}");
+    assert!(doc["paths"]["/v1/workflows"]["get"]["responses"]["400"].is_object());
     let text = doc.to_string();
     assert!(text.contains(r#""minimum":1"#) && text.contains("^[A-Z]{3}$"), "constraints in the schemas");
     let bad_limit = app.get("/v1/workflows?limit=5000").await;
     bad_limit.assert_problem(400, "invalid_request");
+    // A query the server cannot read is a problem too, not axum's plain-text rejection.
+    app.get("/v1/workflows?before=yesterday").await.assert_problem(400, "invalid_request");
     // An integer sent as 1000.0 is the integer JSON Schema says it is.
     let order = app.post("/v1/orders", json!({"order_no": "O-f", "amount": 1000.0, "currency": "CNY"})).await;
     assert_eq!(order.status, 201, "{}", order.text);

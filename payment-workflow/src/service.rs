@@ -247,7 +247,7 @@ pub const COMMAND_ROUTE: &str = "amqp";
 impl<S: PaymentStore> Payments<S> {
     /// Pays an order for a command from a queue (`contracts/mq.md`), where the tenant and `request_no` (required)
     /// are the payment's identity and there is no client token. Every delivery of one command meets the same
-    /// token, derived from them ([`command_token`]), hence the same workflow and the same answer, however
+    /// token, derived from them ([`Token::of_command`]), hence the same workflow and the same answer, however
     /// often and concurrently it is delivered; other fields under the same `request_no` are `422`
     /// `idempotency_key_mismatch`. A `request_no` an HTTP payment of the tenant already used is that payment:
     /// its outcome, never a second charge. Invalid commands are `400` `invalid_request`, and nothing is stored.

@@ -28,10 +28,12 @@ pub struct LegacyPay {
     #[schema(value_type = Token)]
     pub token: String,
     /// The order.
-    pub order_no: OrderNo,
+    #[schema(value_type = OrderNo)]
+    pub order_no: String,
     /// The payment's number.
     #[serde(default)]
-    pub request_no: Option<RequestNo>,
+    #[schema(value_type = Option<RequestNo>)]
+    pub request_no: Option<String>,
     /// Minor units.
     #[serde(deserialize_with = "crate::extract::integral")]
     #[schema(minimum = 1)]
@@ -105,14 +107,21 @@ pub async fn legacy_pay<S: PaymentStore>(
 
 async fn pay<S: PaymentStore>(state: &AppState<S>, tenant: &str, body: LegacyPay) -> Result<Response, ApiError> {
     let tenant = tenant.to_owned();
+    // As the original service checked: the token, then the order (a number that is not valid names none), then
+    // the rest of the request.
     let token = token_of(&HeaderMap::new(), Some(&body.token))?;
-    let Some(order) = state.payments.order(&tenant, &body.order_no).await? else {
+    let order = match OrderNo::parse(body.order_no.as_str()) {
+        Ok(number) => state.payments.order(&tenant, &number).await?,
+        Err(_) => None,
+    };
+    let Some(order) = order else {
         let detail = format!("order {} does not exist", body.order_no);
         let problem = onceflow_payments::problem(404, "order_not_found", "Order not found", &detail);
         return Ok(legacy_error(StatusCode::NOT_FOUND, &problem));
     };
-    let request = PayRequest::new(body.order_no, body.amount, order.currency, body.request_no)
-        .map_err(|e| ApiError::invalid(e.to_string()))?;
+    let invalid = |e: onceflow_payments::InvalidField| ApiError::invalid(e.to_string());
+    let request_no = body.request_no.map(RequestNo::parse).transpose().map_err(invalid)?;
+    let request = PayRequest::new(order.order_no, body.amount, order.currency, request_no).map_err(invalid)?;
     let answer = state.payments.pay(&tenant, &token, "/pay", &request, state.wait).await?;
     let v1: serde_json::Value = serde_json::from_str(&answer.body).unwrap_or_default();
     let text = |k: &str| v1.get(k).and_then(|v| v.as_str()).unwrap_or_default().to_owned();

@@ -1,6 +1,7 @@
 //! Operations: workflows, health, readiness, metrics, the OpenAPI document.
 
 use axum::Json;
+use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -28,6 +29,7 @@ pub struct ListQuery {
     pub state: Option<String>,
     /// The next page: the `next_cursor` of the previous one (exact, even for workflows created in the same
     /// millisecond). Takes precedence over `before`.
+    #[param(pattern = r"^(0|[1-9][0-9]{0,17})\.([1-9a-f][0-9a-f]|0[1-9a-f]){0,255}$")]
     pub cursor: Option<String>,
     /// Only workflows created before this time (ms since the epoch): the `next_before` of the previous page.
     /// Kept for older clients: workflows sharing the millisecond of a page's last one are skipped; use `cursor`.
@@ -36,21 +38,32 @@ pub struct ListQuery {
     pub limit: Option<i64>,
 }
 
-/// A cursor as clients see it: opaque, hex of `<created_at>.<workflow_id>`.
+/// A cursor as clients see it: `<created_at>.<workflow id, hex>` (opaque to clients; documented by the pattern
+/// of `cursor`).
 fn encode_cursor(cursor: &Cursor) -> String {
-    format!("{}.{}", cursor.created_at, cursor.workflow_id).bytes().map(|b| format!("{b:02x}")).collect()
+    let id: String = cursor.workflow_id.bytes().map(|b| format!("{b:02x}")).collect();
+    format!("{}.{id}", cursor.created_at)
 }
 
-/// A cursor this server gave; anything else is `None`.
+/// A cursor in the shape `encode_cursor` writes; anything else is `None`. Every string of that shape is a
+/// position in the list, whether or not this server wrote it: its id is read as text (bytes that are not UTF-8
+/// as replacement characters), and a NUL byte, which no database takes in text, is refused.
 fn decode_cursor(raw: &str) -> Option<Cursor> {
-    if !raw.len().is_multiple_of(2) || raw.len() > 2048 {
+    let (created_at, hex) = raw.split_once('.')?;
+    let digits_ok = created_at == "0" || (!created_at.starts_with('0') && (1..=18).contains(&created_at.len()));
+    if !digits_ok || !created_at.bytes().all(|b| b.is_ascii_digit()) || !hex.len().is_multiple_of(2) || hex.len() > 510
+    {
         return None;
     }
-    let bytes: Option<Vec<u8>> =
-        (0..raw.len()).step_by(2).map(|i| raw.get(i..i + 2).and_then(|h| u8::from_str_radix(h, 16).ok())).collect();
-    let text = String::from_utf8(bytes?).ok()?;
-    let (created_at, workflow_id) = text.split_once('.')?;
-    Some(Cursor { created_at: created_at.parse().ok()?, workflow_id: workflow_id.to_owned() })
+    let bytes: Option<Vec<u8>> = (0..hex.len())
+        .step_by(2)
+        .map(|i| hex.get(i..i + 2).filter(|h| !h.starts_with('+')).and_then(|h| u8::from_str_radix(h, 16).ok()))
+        .collect();
+    let bytes = bytes?;
+    if bytes.contains(&0) || hex.bytes().any(|b| b.is_ascii_uppercase()) {
+        return None;
+    }
+    Some(Cursor { created_at: created_at.parse().ok()?, workflow_id: String::from_utf8_lossy(&bytes).into_owned() })
 }
 
 /// Whether `caller` may see `record`: operators (and the zero-configuration mode) every workflow; a tenant its
@@ -168,8 +181,9 @@ pub async fn get_workflow<S: PaymentStore>(
 pub async fn list_workflows<S: PaymentStore>(
     State(state): State<AppState<S>>,
     caller: Caller,
-    Query(q): Query<ListQuery>,
+    query: Result<Query<ListQuery>, QueryRejection>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
+    let Query(q) = query.map_err(|e| ApiError::invalid(e.body_text()))?;
     if let Some(s) = &q.state
         && !WORKFLOW_STATES.contains(&s.as_str())
     {
@@ -316,4 +330,23 @@ fn database_figures(up: bool, counts: Option<onceflow_engine::WorkflowCounts>) -
 #[utoipa::path(get, path = "/openapi.json", tag = "operations", responses((status = 200, description = "OpenAPI 3.1")))]
 pub async fn openapi() -> Json<serde_json::Value> {
     Json(crate::openapi::document())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cursors_round_trip_and_odd_ones_are_refused() {
+        let cursor = Cursor { created_at: 1_700_000_000_000, workflow_id: "pay:ab.c".into() };
+        assert_eq!(decode_cursor(&encode_cursor(&cursor)), Some(cursor));
+        let empty = Cursor { created_at: 0, workflow_id: String::new() };
+        assert_eq!(decode_cursor(&encode_cursor(&empty)), Some(empty));
+        for bad in ["", ".", "x.61", "01.61", "-1.61", "1.6", "1.00", "1.6G", "1.+6", "1.6A", "1234567890123456789.61"]
+        {
+            assert_eq!(decode_cursor(bad), None, "{bad}");
+        }
+        // Any id the shape allows is a position, even one that is not UTF-8.
+        assert_eq!(decode_cursor("5.ff").map(|c| c.workflow_id), Some("\u{fffd}".to_owned()));
+    }
 }

@@ -34,9 +34,10 @@ pub struct PaymentRequest {
     /// The payment's number; derived from the token when absent.
     #[serde(default)]
     pub request_no: Option<RequestNo>,
-    /// The idempotency token, when not sent as `Idempotency-Key`.
+    /// The idempotency token, when not sent as `Idempotency-Key` (checked only when it is the one used).
     #[serde(default)]
-    pub token: Option<Token>,
+    #[schema(value_type = Option<Token>)]
+    pub token: Option<String>,
 }
 
 /// The body's `token` alone, read from a body that is otherwise invalid: a request's token is checked before its
@@ -133,7 +134,7 @@ pub async fn pay<S: PaymentStore>(
     }
     let parsed: Result<PaymentRequest, _> = serde_json::from_slice(&body);
     let body_token = match &parsed {
-        Ok(request) => request.token.as_ref().map(|t| t.as_str().to_owned()),
+        Ok(request) => request.token.clone(),
         Err(_) => serde_json::from_slice::<TokenOnly>(&body).ok().and_then(|b| b.token),
     };
     let token = token_of(&headers, body_token.as_deref())?;

@@ -103,24 +103,46 @@ impl Problem {
     }
 
     /// A terminal failure of the payment's workflow whose answer is this problem (what the token stores).
+    ///
+    /// The details also carry the answer in the shape the previous version wrote and reads (`status`, `body` as
+    /// text, `decline_code`), so that during a rolling deploy or after a rollback an older process that
+    /// compensates or answers this workflow stores and sends the same answer. Drop them once no such process can
+    /// run.
     pub(crate) fn into_failure(self) -> Failure {
-        let details = serde_json::to_value(FailureDetails { answer: self.clone() }).unwrap_or_default();
+        let legacy = LegacyDetails { status: self.status, body: self.body(), decline_code: self.decline_code.clone() };
+        let details = FailureDetails { answer: self.clone(), legacy };
+        let details = serde_json::to_value(details).unwrap_or_default();
         Failure::new(self.code, self.detail).with_details(details)
     }
 
     /// The answer a workflow's failure carries, if it carries one.
     pub(crate) fn of_failure(failure: &Failure) -> Option<Self> {
-        if let Ok(FailureDetails { answer }) = serde_json::from_value(failure.details.clone()) {
+        #[derive(Deserialize)]
+        struct Typed {
+            answer: Problem,
+        }
+        if let Ok(Typed { answer }) = serde_json::from_value(failure.details.clone()) {
             return Some(answer);
         }
         legacy_answer(failure)
     }
 }
 
-/// The details of a payment workflow's failure: the answer, typed.
-#[derive(Serialize, Deserialize)]
+/// The details of a payment workflow's failure: the answer, typed, and as the previous version wrote it.
+#[derive(Serialize)]
 struct FailureDetails {
     answer: Problem,
+    #[serde(flatten)]
+    legacy: LegacyDetails,
+}
+
+/// A failure's answer as versions before [`Problem`] wrote it: the body as text.
+#[derive(Serialize)]
+struct LegacyDetails {
+    status: u16,
+    body: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    decline_code: Option<String>,
 }
 
 /// A failure recorded before [`FailureDetails`] (`{"status", "body", "decline_code"}`, the body as text): read so
@@ -185,7 +207,12 @@ mod tests {
     fn a_failure_carries_its_answer_typed_and_legacy_ones_still_read() {
         let mut p = Problem::new(402, "payment_declined", "Payment declined", "no");
         p.decline_code = Some("card".into());
-        assert_eq!(Problem::of_failure(&p.clone().into_failure()), Some(p.clone()));
+        let failure = p.clone().into_failure();
+        assert_eq!(Problem::of_failure(&failure), Some(p.clone()));
+        // What the previous version reads (`response_of`: status and body; `fail_record`: decline_code).
+        assert_eq!(failure.details["status"], json!(402));
+        assert_eq!(failure.details["body"], json!(p.body()));
+        assert_eq!(failure.details["decline_code"], json!("card"));
         let legacy = Failure::new("payment_declined", "no")
             .with_details(json!({ "status": 402, "body": p.body(), "decline_code": "card" }));
         assert_eq!(Problem::of_failure(&legacy), Some(p));

@@ -279,6 +279,35 @@ impl utoipa::PartialSchema for Currency {
 }
 impl utoipa::ToSchema for Currency {}
 
+/// Reading back what this service stored itself (a workflow's input), without the checks of the edge: a value
+/// stored by an earlier version under looser rules (an `order_no` of `..` before that was refused) must still
+/// read, or its workflow could neither finish nor compensate. For `#[serde(deserialize_with)]`.
+pub(crate) mod stored {
+    use serde::{Deserialize, Deserializer};
+
+    use super::{Currency, OrderNo, RequestNo, Token};
+
+    /// An order number as stored.
+    pub(crate) fn order_no<'de, D: Deserializer<'de>>(d: D) -> Result<OrderNo, D::Error> {
+        String::deserialize(d).map(OrderNo)
+    }
+
+    /// A payment number as stored.
+    pub(crate) fn request_no<'de, D: Deserializer<'de>>(d: D) -> Result<RequestNo, D::Error> {
+        String::deserialize(d).map(RequestNo)
+    }
+
+    /// A token as stored.
+    pub(crate) fn token<'de, D: Deserializer<'de>>(d: D) -> Result<Token, D::Error> {
+        String::deserialize(d).map(Token)
+    }
+
+    /// A currency as stored.
+    pub(crate) fn currency<'de, D: Deserializer<'de>>(d: D) -> Result<Currency, D::Error> {
+        String::deserialize(d).map(Currency)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -8,6 +8,8 @@ mod answer;
 mod ids;
 mod status;
 
+pub(crate) use ids::stored;
+
 pub use answer::{PaymentBody, Problem, StoredResponse, problem};
 pub use ids::{Currency, InvalidField, KEY_PATTERN, OrderNo, RequestNo, TOKEN_PATTERN, Token, positive_amount};
 pub use status::{OrderStatus, PaymentStatus, TokenState};

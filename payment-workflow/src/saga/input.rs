@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::channel::ChargeRequest;
-use crate::model::{Currency, OrderNo, PaymentBody, PaymentStatus, RequestNo, Token};
+use crate::model::{Currency, OrderNo, PaymentBody, PaymentStatus, RequestNo, Token, stored};
 
 /// What a payment workflow is started with: the request, resolved and bound to its token.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -12,18 +12,22 @@ pub struct PaymentInput {
     /// Owner.
     pub tenant: String,
     /// The idempotency token.
+    #[serde(deserialize_with = "stored::token")]
     pub token: Token,
     /// The route the token is used on.
     pub route: String,
     /// SHA-256 of the canonical request fields.
     pub fingerprint: String,
     /// The order.
+    #[serde(deserialize_with = "stored::order_no")]
     pub order_no: OrderNo,
     /// Minor units.
     pub amount: i64,
     /// ISO 4217.
+    #[serde(deserialize_with = "stored::currency")]
     pub currency: Currency,
     /// The payment's number: given by the client or derived from the token; never replaced.
+    #[serde(deserialize_with = "stored::request_no")]
     pub request_no: RequestNo,
 }
 
@@ -56,5 +60,27 @@ impl PaymentInput {
             amount: self.amount,
             currency: self.currency.to_string(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::PaymentInput;
+
+    #[test]
+    fn inputs_stored_by_earlier_versions_still_read() {
+        // Written before `.` and `..` were refused as numbers, and a queued command's token.
+        let old = r#"{"tenant":"default","token":"mq:00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff",
+            "route":"amqp","fingerprint":"f","order_no":"..","amount":1000,"currency":"CNY","request_no":"."}"#;
+        let input: PaymentInput = serde_json::from_str(old).unwrap();
+        assert_eq!((input.order_no.as_str(), input.request_no.as_str()), ("..", "."));
+        let http = r#"{"tenant":"t","token":"tok_abc","route":"/v1/payments","fingerprint":"f","order_no":"O-1",
+            "amount":1,"currency":"CNY","request_no":"R-0123456789abcdef01234567"}"#;
+        let input: PaymentInput = serde_json::from_str(http).unwrap();
+        assert_eq!(
+            serde_json::from_str::<serde_json::Value>(&serde_json::to_string(&input).unwrap()).unwrap(),
+            serde_json::from_str::<serde_json::Value>(http).unwrap(),
+            "written back as read"
+        );
     }
 }
