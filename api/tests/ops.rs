@@ -47,6 +47,7 @@ macro_rules! on_every_backend {
 on_every_backend!(
     workflows_of_one_millisecond_page_exactly_once,
     pages_hold_while_workflows_are_added,
+    the_largest_page_still_says_more_follow,
     a_tenant_pages_only_its_own_workflows,
     tenants_may_not_steer_operators_may,
     an_orders_payments_newest_first,
@@ -208,6 +209,14 @@ async fn pages_hold_while_workflows_are_added(url: String) {
     assert!(before.is_subset(&unique) && behind.is_subset(&unique), "{seen:?}");
     assert!(newer.is_disjoint(&unique), "newer than the cursor: on no later page");
     assert_eq!(seen.len(), 35);
+}
+
+/// A page of the largest size (1,000) reads one row more to know whether another follows.
+async fn the_largest_page_still_says_more_follow(url: String) {
+    insert_workflows(&url, 1001, None, 1_700_000_000_000, "big").await;
+    let app = start(&url, Arc::new(MockChannel::reliable()), Auth::SingleTenant).await;
+    let pages = pages(&app, "limit=1000").await;
+    assert_eq!(pages.iter().map(Vec::len).collect::<Vec<_>>(), [1000, 1]);
 }
 
 async fn a_tenant_pages_only_its_own_workflows(url: String) {

@@ -6,6 +6,9 @@ use crate::engine::Engine;
 use crate::error::{CANCELLED_CODE, Error, Failure, Result, failure_json};
 use crate::store::{CompensationRecord, Reopen, StepRecord, Store, WorkflowFilter, WorkflowRecord, state};
 
+/// The most rows one [`Engine::list`] reads.
+pub const MAX_LIST: i64 = 1001;
+
 /// A workflow with its steps and compensations, for operators.
 #[derive(Debug, Clone, Serialize)]
 pub struct WorkflowView {
@@ -43,9 +46,10 @@ impl<S: Store> Engine<S> {
         self.core.store.ping().await.is_ok()
     }
 
-    /// Up to `limit` (1–1000) workflows that pass `filter`, newest first (see [`Store::list`]).
+    /// Up to `limit` workflows that pass `filter`, newest first (see [`Store::list`]); `limit` is bounded to
+    /// 1–[`MAX_LIST`] (a page of 1,000 asks for one row more, to know whether another page follows).
     pub async fn list(&self, filter: WorkflowFilter<'_>, limit: i64) -> Result<Vec<WorkflowRecord>> {
-        self.core.store.list(filter, limit.clamp(1, 1000)).await
+        self.core.store.list(filter, limit.clamp(1, MAX_LIST)).await
     }
 
     /// Retries a workflow that ended badly: `compensation_failed` runs its compensations again; `failed`
