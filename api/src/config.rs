@@ -73,6 +73,11 @@ pub struct ServeArgs {
     /// `tenant:key,tenant:key`; none: single tenant `default`, no auth, loopback only.
     #[arg(long, env = "ONCEFLOW_API_KEYS")]
     pub api_keys: Option<String>,
+    /// `name:key,name:key`: keys that inspect and steer every tenant's workflows (list, show, retry, cancel) and
+    /// read `/metrics`; they take no tenant's part (orders, tokens, payments answer them `403`). Needs
+    /// `--api-keys`.
+    #[arg(long, env = "ONCEFLOW_OPERATOR_KEYS")]
+    pub operator_keys: Option<String>,
     /// How long a claimed workflow is owned without a heartbeat.
     #[arg(long, env = "ONCEFLOW_LEASE_MS", default_value_t = 10_000)]
     pub lease_ms: u64,
@@ -169,6 +174,9 @@ pub enum WorkflowsCommand {
         /// running, compensating, completed, failed, compensation_failed or cancelled.
         #[arg(long)]
         state: Option<String>,
+        /// Only this tenant's workflows.
+        #[arg(long)]
+        tenant: Option<String>,
         /// How many.
         #[arg(long, default_value_t = 20)]
         limit: i64,
@@ -231,6 +239,16 @@ pub fn parse_api_keys(raw: &str) -> Result<Vec<(String, String)>, ConfigError> {
         })
 }
 
+/// Parses `--operator-keys` (`name:key,name:key`) into `(name, key)` pairs; a key that is also a tenant's (one
+/// of `tenants`) is refused, since a request could not say which it is.
+pub fn parse_operator_keys(raw: &str, tenants: &[(String, String)]) -> Result<Vec<(String, String)>, ConfigError> {
+    let keys = parse_api_keys(raw).map_err(|e| ConfigError(e.0.replace("--api-keys", "--operator-keys")))?;
+    if let Some((name, _)) = keys.iter().find(|(_, key)| tenants.iter().any(|(_, t)| t == key)) {
+        return Err(ConfigError(format!("--operator-keys: the key of `{name}` is also a tenant's key in --api-keys")));
+    }
+    Ok(keys)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -253,5 +271,14 @@ mod tests {
         assert!(parse_api_keys("acme").is_err());
         assert!(parse_api_keys("acme:short").is_err());
         assert!(parse_api_keys(",").is_err());
+    }
+
+    #[test]
+    fn operator_keys_parse_and_are_not_tenant_keys() {
+        let tenants = parse_api_keys("acme:secret-key-1").unwrap();
+        let ops = parse_operator_keys("ops:operator-key-1", &tenants).unwrap();
+        assert_eq!(ops, [("ops".to_owned(), "operator-key-1".to_owned())]);
+        assert!(parse_operator_keys("ops:secret-key-1", &tenants).unwrap_err().0.contains("also a tenant's"));
+        assert!(parse_operator_keys("ops:short", &tenants).unwrap_err().0.starts_with("--operator-keys"));
     }
 }

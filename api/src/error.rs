@@ -28,6 +28,11 @@ impl ApiError {
         Self::new(StatusCode::BAD_REQUEST, "invalid_request", "Invalid request", detail)
     }
 
+    /// `403 forbidden`: the caller's role may not do this.
+    pub fn forbidden(detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::FORBIDDEN, "forbidden", "Forbidden", detail)
+    }
+
     /// `404` with a code.
     pub fn not_found(code: &'static str, detail: impl Into<String>) -> Self {
         Self::new(StatusCode::NOT_FOUND, code, "Not found", detail)

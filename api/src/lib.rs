@@ -37,4 +37,4 @@ pub use error::ApiError;
 pub use openapi::ApiDoc;
 pub use routes::{BODY_LIMIT, app};
 pub use run::{run, shutdown_signal};
-pub use state::{AppState, Auth, DEFAULT_TENANT, Tenant};
+pub use state::{AppState, Auth, Caller, DEFAULT_TENANT, Keys, Tenant};

@@ -27,7 +27,7 @@ pub struct Problem {
     /// Stable, machine-readable: invalid_request, idempotency_key_missing, idempotency_key_invalid,
     /// idempotency_key_mismatch, token_not_found, order_not_found, order_conflict, order_not_payable,
     /// amount_mismatch, request_no_conflict, payment_declined, payment_not_found, workflow_not_found,
-    /// invalid_state, unauthorized, not_found, method_not_allowed, payload_too_large, unsupported_media_type,
+    /// invalid_state, unauthorized, forbidden, not_found, method_not_allowed, payload_too_large, unsupported_media_type,
     /// unavailable, internal.
     pub code: String,
     /// With `payment_declined`: the channel's reason.
@@ -48,6 +48,7 @@ pub struct Problem {
         tokens::issue_token,
         payments::pay,
         payments::get_payment,
+        payments::list_payments,
         compat::legacy_token,
         compat::legacy_pay,
         ops::list_workflows,

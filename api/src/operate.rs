@@ -19,8 +19,13 @@ impl OnPayments for Operate {
     async fn run<S: PaymentStore>(self, payments: Payments<S>) -> Self::Output {
         let engine = payments.engine();
         match self.0 {
-            WorkflowsCommand::List { state, limit, .. } => {
-                let page = engine.list(state.as_deref(), None, limit).await?;
+            WorkflowsCommand::List { state, tenant, limit, .. } => {
+                let filter = onceflow_engine::store::WorkflowFilter {
+                    state: state.as_deref(),
+                    tenant: tenant.as_deref(),
+                    ..Default::default()
+                };
+                let page = engine.list(filter, limit).await?;
                 println!("{:<48} {:<10} {:<20} {:>5}  UPDATED", "WORKFLOW", "NAME", "STATE", "EPOCH");
                 for w in &page {
                     let updated = crate::routes::orders::rfc3339(w.updated_at);

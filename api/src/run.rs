@@ -9,7 +9,10 @@ use onceflow_payments::{
     Channel, HttpChannel, MockChannel, MockChannelConfig, PaymentStore, Payments, mock_channel_router,
 };
 
-use crate::config::{Command, ConfigError, DatabaseArgs, MockChannelArgs, ServeArgs, WorkflowsCommand, parse_api_keys};
+use crate::config::{
+    Command, ConfigError, DatabaseArgs, MockChannelArgs, ServeArgs, WorkflowsCommand, parse_api_keys,
+    parse_operator_keys,
+};
 use crate::database::{OnPayments, redact, with_payments};
 use crate::state::{AppState, Auth};
 
@@ -106,9 +109,16 @@ async fn with_database<T: OnPayments>(db: &DatabaseArgs, task: T) -> Result<T::O
 }
 
 async fn serve(args: ServeArgs, http: bool) -> Result<(), Failure> {
-    let auth = match &args.api_keys {
-        Some(raw) => Auth::keys(parse_api_keys(raw)?),
-        None => Auth::SingleTenant,
+    let auth = match (&args.api_keys, &args.operator_keys) {
+        (Some(raw), None) => Auth::keys(parse_api_keys(raw)?),
+        (Some(raw), Some(operators)) => {
+            let tenants = parse_api_keys(raw)?;
+            let operators = parse_operator_keys(operators, &tenants)?;
+            Auth::keys(tenants).with_operators(operators)
+        }
+        (None, None) => Auth::SingleTenant,
+        // Without tenant keys the service would have no tenant: the zero-configuration mode has no keys at all.
+        (None, Some(_)) => return Err(ConfigError("--operator-keys needs --api-keys".into()).into()),
     };
     if http && matches!(auth, Auth::SingleTenant) && !args.listen.ip().is_loopback() {
         return Err(ConfigError(format!(

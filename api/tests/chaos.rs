@@ -277,8 +277,9 @@ async fn chaos<S: PaymentStore>(db: String, store: S) {
     // Recovery: every workflow reaches a final state.
     let started = Instant::now();
     loop {
-        let mut open = store.list(Some(state::RUNNING), None, 1).await.unwrap();
-        open.extend(store.list(Some(state::COMPENSATING), None, 1).await.unwrap());
+        let in_state = |state| onceflow_engine::store::WorkflowFilter { state: Some(state), ..Default::default() };
+        let mut open = store.list(in_state(state::RUNNING), 1).await.unwrap();
+        open.extend(store.list(in_state(state::COMPENSATING), 1).await.unwrap());
         if open.is_empty() {
             break;
         }

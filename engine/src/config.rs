@@ -13,6 +13,10 @@ pub struct EngineConfig {
     pub max_inline_wait: Duration,
     /// Most workflows the recovery loop runs at once in this process.
     pub max_concurrent: usize,
+    /// How old the workflow counts by state may be before a read of them (`Engine::workflow_counts`, for
+    /// metrics) starts a new count: at most one scan of the workflow table per interval, whatever the scrape
+    /// rate, and none in a process that is never scraped.
+    pub count_interval: Duration,
 }
 
 impl Default for EngineConfig {
@@ -22,6 +26,7 @@ impl Default for EngineConfig {
             poll_interval: Duration::from_millis(500),
             max_inline_wait: Duration::from_secs(2),
             max_concurrent: 64,
+            count_interval: Duration::from_secs(60),
         }
     }
 }

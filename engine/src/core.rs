@@ -51,6 +51,10 @@ pub(crate) struct Core<S: Store> {
     pub(crate) waiters: Mutex<HashMap<String, Waiters>>,
     /// Whether this store forwards other processes' notifications (decided once, by `Store::listen`).
     pub(crate) listener: OnceCell<bool>,
+    /// The last workflow counts by state (`counts.rs`).
+    pub(crate) counts: Mutex<Option<crate::counts::WorkflowCounts>>,
+    /// Whether a count is under way.
+    pub(crate) counting: std::sync::atomic::AtomicBool,
 }
 
 impl<S: Store> Core<S> {
@@ -66,6 +70,8 @@ impl<S: Store> Core<S> {
             next_run: AtomicU64::new(1),
             waiters: Mutex::new(HashMap::new()),
             listener: OnceCell::new(),
+            counts: Mutex::new(None),
+            counting: std::sync::atomic::AtomicBool::new(false),
         }
     }
 

@@ -118,6 +118,7 @@ impl<S: Store> Engine<S> {
     /// phase's transactional steps; the one whose first commit finds the row already there rolls its phase
     /// back and attaches (so those steps must only touch the database, as every transactional step must).
     pub async fn start<W: Workflow<S>>(&self, workflow_id: &str, input: &W::Input) -> Result<Handle<S>> {
+        let tenant = W::tenant(input);
         let input = serde_json::to_string(input)?;
         let hash = input_hash(&input);
         let wf = self.registry.get(W::NAME).cloned().ok_or(Error::UnknownWorkflowType(W::NAME.to_owned()))?;
@@ -147,6 +148,7 @@ impl<S: Store> Engine<S> {
             notify: false,
             created_at: now,
             updated_at: now,
+            tenant,
         };
         let (tx, rx) = oneshot::channel();
         let early = self.core.subscribe(workflow_id);

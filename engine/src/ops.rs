@@ -4,7 +4,10 @@ use serde::Serialize;
 
 use crate::engine::Engine;
 use crate::error::{CANCELLED_CODE, Error, Failure, Result, failure_json};
-use crate::store::{CompensationRecord, Reopen, StepRecord, Store, WorkflowRecord, state};
+use crate::store::{CompensationRecord, Reopen, StepRecord, Store, WorkflowFilter, WorkflowRecord, state};
+
+/// The most rows one [`Engine::list`] reads.
+pub const MAX_LIST: i64 = 1001;
 
 /// A workflow with its steps and compensations, for operators.
 #[derive(Debug, Clone, Serialize)]
@@ -20,7 +23,17 @@ pub struct WorkflowView {
 impl<S: Store> Engine<S> {
     /// A workflow with its steps and compensations.
     pub async fn workflow(&self, workflow_id: &str) -> Result<Option<WorkflowView>> {
-        let Some(workflow) = self.core.store.workflow(workflow_id).await? else {
+        self.workflow_if(workflow_id, |_| true).await
+    }
+
+    /// A workflow with its steps and compensations, if `visible` accepts its row: a workflow it refuses is read
+    /// as one that does not exist, with no more queries (so its answer takes no longer than a missing one's).
+    pub async fn workflow_if(
+        &self,
+        workflow_id: &str,
+        visible: impl FnOnce(&WorkflowRecord) -> bool,
+    ) -> Result<Option<WorkflowView>> {
+        let Some(workflow) = self.core.store.workflow(workflow_id).await?.filter(|w| visible(w)) else {
             return Ok(None);
         };
         let (steps, compensations) =
@@ -33,14 +46,10 @@ impl<S: Store> Engine<S> {
         self.core.store.ping().await.is_ok()
     }
 
-    /// How many workflows are in each state (a scan of the workflow table: for a scrape, not a request path).
-    pub async fn count_by_state(&self) -> Result<Vec<(String, i64)>> {
-        self.core.store.count_by_state().await
-    }
-
-    /// A page of workflows, newest first, optionally in one state, created before `before` (ms).
-    pub async fn list(&self, state: Option<&str>, before: Option<i64>, limit: i64) -> Result<Vec<WorkflowRecord>> {
-        self.core.store.list(state, before, limit.clamp(1, 1000)).await
+    /// Up to `limit` workflows that pass `filter`, newest first (see [`Store::list`]); `limit` is bounded to
+    /// 1–[`MAX_LIST`] (a page of 1,000 asks for one row more, to know whether another page follows).
+    pub async fn list(&self, filter: WorkflowFilter<'_>, limit: i64) -> Result<Vec<WorkflowRecord>> {
+        self.core.store.list(filter, limit.clamp(1, MAX_LIST)).await
     }
 
     /// Retries a workflow that ended badly: `compensation_failed` runs its compensations again; `failed`

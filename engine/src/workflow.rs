@@ -35,6 +35,13 @@ pub trait Workflow<S: Store>: Send + Sync + 'static {
     /// The output.
     type Output: Serialize + DeserializeOwned + Send + 'static;
 
+    /// The tenant the workflow belongs to, stored in its row (`workflows.tenant`) so that lists filter by it in
+    /// the query. Read once, at the start; the default is none.
+    fn tenant(input: &Self::Input) -> Option<String> {
+        let _ = input;
+        None
+    }
+
     /// The body. It is replayed from the start after a crash or a wait: steps that finished return their
     /// stored output, so everything outside steps must be deterministic.
     fn run(

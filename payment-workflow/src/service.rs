@@ -129,6 +129,11 @@ impl<S: PaymentStore> Payments<S> {
         Ok(self.store().payment(tenant, request_no).await?)
     }
 
+    /// Every payment (each attempt) of the tenant's order, newest first.
+    pub async fn payments_of_order(&self, tenant: &str, order_no: &OrderNo) -> Result<Vec<PaymentRecord>> {
+        Ok(self.store().payments_of_order(tenant, order_no).await?)
+    }
+
     /// Issues an idempotency token for the tenant.
     pub async fn issue_token(&self, tenant: &str) -> Result<IssuedToken> {
         let token = Token::issue();

@@ -163,6 +163,7 @@ fn leased(id: &str, owner: &str, lease_expires_at: i64, state: &str) -> Workflow
         notify: false,
         created_at: 0,
         updated_at: 0,
+        tenant: None,
     }
 }
 

@@ -1,8 +1,8 @@
 //! The `Store` contract, run against every backend: what the engine relies on from each database.
 
 use onceflow_engine::store::{
-    Checkpoint, Committed, CompensationRecord, Fence, Reopen, StepRecord, WorkflowRecord, WorkflowUpdate,
-    WorkflowWrite, state,
+    Checkpoint, Committed, CompensationRecord, Cursor, Fence, Reopen, StepRecord, WorkflowFilter, WorkflowRecord,
+    WorkflowUpdate, WorkflowWrite, state,
 };
 use onceflow_tests::{TestDb, on_every_backend};
 
@@ -22,6 +22,7 @@ fn workflow(id: &str, owner: Option<&str>, lease_expires_at: Option<i64>, next_a
         notify: false,
         created_at: next_attempt_at,
         updated_at: next_attempt_at,
+        tenant: None,
     }
 }
 
@@ -186,12 +187,14 @@ async fn lists_notifies_and_reopens<S: TestDb>(store: S) {
     store.insert_workflow(&mut tx, &workflow("one", Some("me"), Some(100), 1), &[]).await.unwrap();
     store.insert_workflow(&mut tx, &workflow("two", Some("me"), Some(100), 2), &[]).await.unwrap();
     tx.commit().await.unwrap();
-    let all: Vec<_> = store.list(None, None, 10).await.unwrap().into_iter().map(|w| w.workflow_id).collect();
+    let ids = |page: Vec<WorkflowRecord>| page.into_iter().map(|w| w.workflow_id).collect::<Vec<_>>();
+    let all = ids(store.list(WorkflowFilter::default(), 10).await.unwrap());
     assert_eq!(all, ["two", "one"], "newest first");
-    let older: Vec<_> =
-        store.list(Some(state::RUNNING), Some(2), 10).await.unwrap().into_iter().map(|w| w.workflow_id).collect();
-    assert_eq!(older, ["one"]);
-    assert!(store.list(Some(state::FAILED), None, 10).await.unwrap().is_empty());
+    let before = Cursor::before_time(2);
+    let older = WorkflowFilter { state: Some(state::RUNNING), after: Some(&before), ..Default::default() };
+    assert_eq!(ids(store.list(older, 10).await.unwrap()), ["one"]);
+    let failed = WorkflowFilter { state: Some(state::FAILED), ..Default::default() };
+    assert!(store.list(failed, 10).await.unwrap().is_empty());
     assert!(store.request_notify("one").await.unwrap().unwrap().notify);
     let cancelled =
         store.reopen("one", &[state::RUNNING], Reopen::Cancel, Some("{}".into()), 9).await.unwrap().unwrap();

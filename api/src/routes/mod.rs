@@ -33,7 +33,7 @@ pub fn app<S: PaymentStore>(state: AppState<S>) -> Router {
         .route("/v1/orders", post(orders::create_order::<S>))
         .route("/v1/orders/{order_no}", get(orders::get_order::<S>))
         .route("/v1/tokens", post(tokens::issue_token::<S>))
-        .route("/v1/payments", post(payments::pay::<S>))
+        .route("/v1/payments", post(payments::pay::<S>).get(payments::list_payments::<S>))
         .route("/v1/payments/{request_no}", get(payments::get_payment::<S>))
         .route("/tokens", post(compat::legacy_token::<S>))
         .route("/pay", post(compat::legacy_pay::<S>))

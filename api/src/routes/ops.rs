@@ -3,10 +3,10 @@
 use axum::Json;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use onceflow_engine::WorkflowView;
-use onceflow_engine::store::{StepRecord, WorkflowRecord};
+use onceflow_engine::store::{Cursor, StepRecord, WorkflowFilter, WorkflowRecord};
 use serde::Deserialize;
 use serde_json::json;
 use utoipa::IntoParams;
@@ -14,31 +14,74 @@ use utoipa::IntoParams;
 use onceflow_payments::PaymentStore;
 
 use crate::error::ApiError;
-use crate::state::{AppState, Auth, Tenant};
+use crate::state::{AppState, Caller, may_scrape};
 
-pub(crate) const WORKFLOW_STATES: [&str; 6] =
-    ["running", "compensating", "completed", "failed", "compensation_failed", "cancelled"];
+/// How long a scrape waits for the database to answer `SELECT 1` before it reports it down.
+const PING_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
+pub(crate) const WORKFLOW_STATES: [&str; 6] = onceflow_engine::store::state::ALL;
 
 /// Filters of `GET /v1/workflows`.
 #[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct ListQuery {
     /// running, compensating, completed, failed, compensation_failed or cancelled.
     pub state: Option<String>,
-    /// Only workflows created before this time (ms since the epoch): the next page.
+    /// The next page: the `next_cursor` of the previous one (exact, even for workflows created in the same
+    /// millisecond). Takes precedence over `before`.
+    #[param(pattern = r"^(0|[1-9][0-9]{0,17})\.([1-9a-f][0-9a-f]|0[1-9a-f]){0,255}$")]
+    pub cursor: Option<String>,
+    /// Only workflows created before this time (ms since the epoch): the `next_before` of the previous page.
+    /// Kept for older clients: workflows sharing the millisecond of a page's last one are skipped; use `cursor`.
     pub before: Option<i64>,
     /// Page size (1–1000, default 50).
     pub limit: Option<i64>,
 }
 
-/// A workflow belongs to the tenant named in its input; with a single tenant every workflow is visible.
-fn visible<S: PaymentStore>(state: &AppState<S>, tenant: &str, record: &WorkflowRecord) -> bool {
-    match state.auth {
-        Auth::SingleTenant => true,
-        Auth::Keys(_) => serde_json::from_str::<serde_json::Value>(&record.input)
+/// A cursor as clients see it: `<created_at>.<workflow id, hex>` (opaque to clients; documented by the pattern
+/// of `cursor`).
+fn encode_cursor(cursor: &Cursor) -> String {
+    let id: String = cursor.workflow_id.bytes().map(|b| format!("{b:02x}")).collect();
+    format!("{}.{id}", cursor.created_at)
+}
+
+/// A cursor in the shape `encode_cursor` writes; anything else is `None`. Every string of that shape is a
+/// position in the list, whether or not this server wrote it: its id is read as text (bytes that are not UTF-8
+/// as replacement characters), and a NUL byte, which no database takes in text, is refused.
+fn decode_cursor(raw: &str) -> Option<Cursor> {
+    let (created_at, hex) = raw.split_once('.')?;
+    let digits_ok = created_at == "0" || (!created_at.starts_with('0') && (1..=18).contains(&created_at.len()));
+    if !digits_ok || !created_at.bytes().all(|b| b.is_ascii_digit()) || !hex.len().is_multiple_of(2) || hex.len() > 510
+    {
+        return None;
+    }
+    let bytes: Option<Vec<u8>> = (0..hex.len())
+        .step_by(2)
+        .map(|i| hex.get(i..i + 2).filter(|h| !h.starts_with('+')).and_then(|h| u8::from_str_radix(h, 16).ok()))
+        .collect();
+    let bytes = bytes?;
+    if bytes.contains(&0) || hex.bytes().any(|b| b.is_ascii_uppercase()) {
+        return None;
+    }
+    Some(Cursor { created_at: created_at.parse().ok()?, workflow_id: String::from_utf8_lossy(&bytes).into_owned() })
+}
+
+/// Whether `caller` may see `record`: operators (and the zero-configuration mode) every workflow; a tenant its
+/// own, by the row's tenant — or, for a row written before it had one, the tenant named in its input.
+fn visible(caller: &Caller, record: &WorkflowRecord) -> bool {
+    let Some(tenant) = caller.tenant_scope() else { return true };
+    match &record.tenant {
+        Some(owner) => owner == tenant,
+        None => serde_json::from_str::<serde_json::Value>(&record.input)
             .ok()
             .and_then(|v| v.get("tenant").and_then(|t| t.as_str()).map(|t| t == tenant))
             .unwrap_or(false),
     }
+}
+
+/// Retry and cancel are for operators.
+fn must_operate(caller: &Caller) -> Result<(), ApiError> {
+    if caller.is_operator() { Ok(()) } else { Err(ApiError::forbidden("retry and cancel take an operator key")) }
 }
 
 /// A stored JSON column as the JSON value it holds (a plain message, as older errors are, stays a string).
@@ -94,9 +137,14 @@ pub(crate) fn step_view(step: StepRecord) -> serde_json::Value {
     })
 }
 
-async fn visible_view<S: PaymentStore>(state: &AppState<S>, tenant: &str, id: &str) -> Result<WorkflowView, ApiError> {
-    match state.payments.engine().workflow(id).await? {
-        Some(view) if visible(state, tenant, &view.workflow) => Ok(view),
+async fn visible_view<S: PaymentStore>(
+    state: &AppState<S>,
+    caller: &Caller,
+    id: &str,
+) -> Result<WorkflowView, ApiError> {
+    // Another tenant's workflow is not found, as one that does not exist, and as fast: its id says nothing.
+    match state.payments.engine().workflow_if(id, |w| visible(caller, w)).await? {
+        Some(view) => Ok(view),
         _ => Err(ApiError::not_found("workflow_not_found", format!("no workflow {id}"))),
     }
 }
@@ -106,14 +154,14 @@ async fn visible_view<S: PaymentStore>(state: &AppState<S>, tenant: &str, id: &s
     params(("workflow_id" = String, Path, description = "The workflow (payments: pay:<token>)")),
     responses(
         (status = 200, description = "The workflow with its steps and compensations"),
-        (status = 404, description = "workflow_not_found", body = crate::openapi::Problem),
+        (status = 404, description = "workflow_not_found (also another tenant's, for a tenant key)", body = crate::openapi::Problem),
     ))]
 pub async fn get_workflow<S: PaymentStore>(
     State(state): State<AppState<S>>,
-    Tenant(tenant): Tenant,
+    caller: Caller,
     Path(id): Path<String>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    let view = visible_view(&state, &tenant, &id).await?;
+    let view = visible_view(&state, &caller, &id).await?;
     Ok(Json(json!({
         "workflow": redacted(view.workflow),
         "steps": view.steps.into_iter().map(step_view).collect::<Vec<_>>(),
@@ -123,12 +171,16 @@ pub async fn get_workflow<S: PaymentStore>(
     })))
 }
 
-/// A page of workflows, newest first.
+/// A page of workflows, newest first (by creation time, then workflow id): a tenant key's own, an operator's
+/// of every tenant. `next_cursor` (and `next_before`) are set only when more workflows follow.
 #[utoipa::path(get, path = "/v1/workflows", tag = "operations", params(ListQuery),
-    responses((status = 200, description = "{\"workflows\": [...], \"next_before\": ms or null}")))]
+    responses(
+        (status = 200, description = "{\"workflows\": [...], \"next_cursor\": string or null, \"next_before\": ms or null}"),
+        (status = 400, description = "invalid_request: an unknown state, a limit out of range, a cursor this server did not give", body = crate::openapi::Problem),
+    ))]
 pub async fn list_workflows<S: PaymentStore>(
     State(state): State<AppState<S>>,
-    Tenant(tenant): Tenant,
+    caller: Caller,
     query: Result<Query<ListQuery>, QueryRejection>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let Query(q) = query.map_err(|e| ApiError::invalid(e.body_text()))?;
@@ -141,10 +193,23 @@ pub async fn list_workflows<S: PaymentStore>(
     if !(1..=1000).contains(&limit) {
         return Err(ApiError::invalid("limit must be between 1 and 1000"));
     }
-    let page = state.payments.engine().list(q.state.as_deref(), q.before, limit).await?;
-    let next_before = (page.len() as i64 == limit).then(|| page.last().map(|w| w.created_at)).flatten();
-    let workflows: Vec<_> = page.into_iter().filter(|w| visible(&state, &tenant, w)).map(redacted).collect();
-    Ok(Json(json!({ "workflows": workflows, "next_before": next_before })))
+    let after = match (&q.cursor, q.before) {
+        (Some(raw), _) => {
+            Some(decode_cursor(raw).ok_or_else(|| ApiError::invalid("cursor is not a next_cursor of this API"))?)
+        }
+        (None, Some(before)) => Some(Cursor::before_time(before)),
+        (None, None) => None,
+    };
+    let filter = WorkflowFilter { tenant: caller.tenant_scope(), state: q.state.as_deref(), after: after.as_ref() };
+    // One row more than the page says whether another page follows, so that no empty page carries a cursor.
+    let mut page = state.payments.engine().list(filter, limit + 1).await?;
+    let more = page.len() as i64 > limit;
+    page.truncate(usize::try_from(limit).unwrap_or(usize::MAX));
+    let next = page.last().filter(|_| more).map(Cursor::after);
+    let next_before = next.as_ref().map(|c| c.created_at);
+    let next_cursor = next.as_ref().map(encode_cursor);
+    let workflows: Vec<_> = page.into_iter().map(redacted).collect();
+    Ok(Json(json!({ "workflows": workflows, "next_cursor": next_cursor, "next_before": next_before })))
 }
 
 /// Retries a failed workflow (compensation_failed: its compensations; failed with nothing compensated: forward).
@@ -152,15 +217,16 @@ pub async fn list_workflows<S: PaymentStore>(
     params(("workflow_id" = String, Path, description = "The workflow")),
     responses(
         (status = 200, description = "Reopened"),
+        (status = 403, description = "forbidden: a tenant key (retry is for operators)", body = crate::openapi::Problem),
         (status = 404, description = "workflow_not_found", body = crate::openapi::Problem),
         (status = 409, description = "invalid_state", body = crate::openapi::Problem),
     ))]
 pub async fn retry_workflow<S: PaymentStore>(
     State(state): State<AppState<S>>,
-    Tenant(tenant): Tenant,
+    caller: Caller,
     Path(id): Path<String>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    visible_view(&state, &tenant, &id).await?;
+    must_operate(&caller)?;
     Ok(Json(redacted(state.payments.engine().retry(&id).await?)))
 }
 
@@ -169,15 +235,16 @@ pub async fn retry_workflow<S: PaymentStore>(
     params(("workflow_id" = String, Path, description = "The workflow")),
     responses(
         (status = 200, description = "Cancelling"),
+        (status = 403, description = "forbidden: a tenant key (cancel is for operators)", body = crate::openapi::Problem),
         (status = 404, description = "workflow_not_found", body = crate::openapi::Problem),
         (status = 409, description = "invalid_state", body = crate::openapi::Problem),
     ))]
 pub async fn cancel_workflow<S: PaymentStore>(
     State(state): State<AppState<S>>,
-    Tenant(tenant): Tenant,
+    caller: Caller,
     Path(id): Path<String>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    visible_view(&state, &tenant, &id).await?;
+    must_operate(&caller)?;
     Ok(Json(redacted(state.payments.engine().cancel(&id).await?)))
 }
 
@@ -204,26 +271,82 @@ pub async fn readyz<S: PaymentStore>(State(state): State<AppState<S>>) -> Respon
     }
 }
 
-/// Prometheus metrics: requests by route and status, latency histograms, workflows by state, channel calls by
-/// outcome, unresolved payments (how many, the oldest one's age).
-#[utoipa::path(get, path = "/metrics", tag = "operations", responses((status = 200, description = "Prometheus text format")))]
-pub async fn metrics<S: PaymentStore>(State(state): State<AppState<S>>) -> Response {
-    let counts = state.payments.engine().count_by_state().await.unwrap_or_default();
-    for workflow_state in WORKFLOW_STATES {
-        let count = counts.iter().find(|(s, _)| s == workflow_state).map_or(0, |(_, n)| *n);
-        metrics::gauge!("onceflow_workflows", "state" => workflow_state).set(count as f64);
+/// Prometheus metrics: requests by route and status, latency histograms, whether the database answers, workflows
+/// by state (counted in the background, with the time of the count), channel calls by outcome, unresolved
+/// payments (how many, the oldest one's age). With operator keys configured, for operator keys only.
+#[utoipa::path(get, path = "/metrics", tag = "operations", responses(
+    (status = 200, description = "Prometheus text format"),
+    (status = 401, description = "unauthorized: no operator key (when operator keys are configured)", body = crate::openapi::Problem),
+    (status = 403, description = "forbidden: a tenant key (when operator keys are configured)", body = crate::openapi::Problem),
+))]
+pub async fn metrics<S: PaymentStore>(State(state): State<AppState<S>>, headers: HeaderMap) -> Response {
+    if let Err(refused) = may_scrape(&state, &headers) {
+        return refused.into_response();
     }
-    if let Ok((count, oldest)) = state.payments.engine().store().unresolved().await {
+    let engine = state.payments.engine();
+    // One trivial query, bounded: a scrape while the database is down says so, quickly, instead of zeros.
+    let up = matches!(tokio::time::timeout(PING_TIMEOUT, engine.ready()).await, Ok(true));
+    // The engine's counts, read from memory (no scan of the workflow table per scrape; see
+    // onceflow_engine's `counts.rs`). Written into the body rather than the process's recorder: they are this
+    // service's, read now.
+    let mut counts = engine.workflow_counts();
+    // A process's first scrape has started its first count: worth waiting for, briefly, that once.
+    let deadline = tokio::time::Instant::now() + PING_TIMEOUT;
+    while up && counts.is_none() && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        counts = engine.workflow_counts();
+    }
+    let figures = database_figures(up, counts);
+    if up && let Ok((count, oldest)) = engine.store().unresolved().await {
         let age_ms = oldest.map_or(0, |created_at| (chrono::Utc::now().timestamp_millis() - created_at).max(0));
         metrics::gauge!("onceflow_unresolved_payments").set(count as f64);
         metrics::gauge!("onceflow_unresolved_payment_oldest_seconds").set(age_ms as f64 / 1000.0);
     }
-    let body = crate::metrics::render();
+    let body = crate::metrics::render() + &figures;
     ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], body).into_response()
+}
+
+/// `onceflow_database_up`, and the workflows by state with the time they were counted (absent until a first
+/// count succeeded: absent, not zero), in Prometheus text format.
+fn database_figures(up: bool, counts: Option<onceflow_engine::WorkflowCounts>) -> String {
+    use std::fmt::Write;
+    let mut text =
+        String::from("# HELP onceflow_database_up Whether the database answered this scrape (1) or not (0)\n");
+    let _ = writeln!(text, "# TYPE onceflow_database_up gauge\nonceflow_database_up {}", u8::from(up));
+    if let Some(counts) = counts {
+        text.push_str("# HELP onceflow_workflows Workflows by state, as last counted (see the timestamp)\n");
+        text.push_str("# TYPE onceflow_workflows gauge\n");
+        for (state, count) in &counts.by_state {
+            let _ = writeln!(text, "onceflow_workflows{{state=\"{state}\"}} {count}");
+        }
+        text.push_str("# HELP onceflow_workflows_counted_timestamp_seconds When onceflow_workflows was counted\n");
+        text.push_str("# TYPE onceflow_workflows_counted_timestamp_seconds gauge\n");
+        let _ = writeln!(text, "onceflow_workflows_counted_timestamp_seconds {}", counts.counted_at as f64 / 1000.0);
+    }
+    text
 }
 
 /// This document.
 #[utoipa::path(get, path = "/openapi.json", tag = "operations", responses((status = 200, description = "OpenAPI 3.1")))]
 pub async fn openapi() -> Json<serde_json::Value> {
     Json(crate::openapi::document())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cursors_round_trip_and_odd_ones_are_refused() {
+        let cursor = Cursor { created_at: 1_700_000_000_000, workflow_id: "pay:ab.c".into() };
+        assert_eq!(decode_cursor(&encode_cursor(&cursor)), Some(cursor));
+        let empty = Cursor { created_at: 0, workflow_id: String::new() };
+        assert_eq!(decode_cursor(&encode_cursor(&empty)), Some(empty));
+        for bad in ["", ".", "x.61", "01.61", "-1.61", "1.6", "1.00", "1.6G", "1.+6", "1.6A", "1234567890123456789.61"]
+        {
+            assert_eq!(decode_cursor(bad), None, "{bad}");
+        }
+        // Any id the shape allows is a position, even one that is not UTF-8.
+        assert_eq!(decode_cursor("5.ff").map(|c| c.workflow_id), Some("\u{fffd}".to_owned()));
+    }
 }

@@ -4,12 +4,12 @@ use std::time::Duration;
 
 use axum::Json;
 use axum::body::Bytes;
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::Response;
 use onceflow_payments::{Currency, OrderNo, PayRequest, PayResponse, PaymentBody, PaymentStore, RequestNo, Token};
 use serde::Deserialize;
-use utoipa::ToSchema;
+use utoipa::{IntoParams, ToSchema};
 
 use crate::error::{ApiError, json_response};
 use crate::extract::unsupported_media_type;
@@ -163,6 +163,35 @@ pub async fn get_payment<S: PaymentStore>(
     let Ok(number) = RequestNo::parse(request_no.as_str()) else { return Err(missing()) };
     let Some(p) = state.payments.payment(&tenant, &number).await? else { return Err(missing()) };
     Ok(Json(p.view()))
+}
+
+/// The query of `GET /v1/payments`.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct PaymentsQuery {
+    /// The order whose payments to list.
+    // Required, but read as optional so that its absence is answered as a problem (400 invalid_request).
+    #[param(required = true)]
+    pub order_no: Option<String>,
+}
+
+/// Every payment attempt of one of the caller's orders, newest first (what support asks first).
+#[utoipa::path(get, path = "/v1/payments", tag = "payments", params(PaymentsQuery),
+    responses(
+        (status = 200, description = "{\"payments\": [payment, ...]}, newest first; empty for an order without payments (or not the tenant's)"),
+        (status = 400, description = "invalid_request: order_no missing or invalid", body = crate::openapi::Problem),
+        (status = 403, description = "forbidden: an operator key (payments are a tenant's)", body = crate::openapi::Problem),
+    ))]
+pub async fn list_payments<S: PaymentStore>(
+    State(state): State<AppState<S>>,
+    Tenant(tenant): Tenant,
+    Query(q): Query<PaymentsQuery>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let raw = q.order_no.ok_or_else(|| ApiError::invalid("order_no is required"))?;
+    let order_no = OrderNo::parse(raw).map_err(|e| ApiError::invalid(e.to_string()))?;
+    let payments: Vec<PaymentBody> =
+        state.payments.payments_of_order(&tenant, &order_no).await?.iter().map(|p| p.view()).collect();
+    Ok(Json(serde_json::json!({ "payments": payments })))
 }
 
 #[cfg(test)]

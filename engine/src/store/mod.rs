@@ -17,12 +17,14 @@ mod common;
 mod compensations;
 mod held;
 mod mysql;
+mod page;
 mod postgres;
 mod records;
 mod sqlite;
 
 pub use held::Writer;
 pub use mysql::{MIGRATOR as MYSQL_MIGRATOR, MySqlStore};
+pub use page::{Cursor, WorkflowFilter};
 pub use postgres::{MIGRATOR as POSTGRES_MIGRATOR, PgStore};
 pub use records::{CompensationRecord, StepRecord, WorkflowRecord, compensation_status, kind, state, step_status};
 pub use sqlite::{MIGRATOR as SQLITE_MIGRATOR, PHASE_FLAGS as SQLITE_PHASE_FLAGS, SqliteStore};
@@ -318,16 +320,15 @@ pub trait Store: sealed::Sealed + Clone + Send + Sync + 'static {
     /// Whether the database answers a trivial query.
     fn ping(&self) -> impl Future<Output = Result<()>> + Send;
 
-    /// How many workflows are in each state.
+    /// How many workflows are in each state: a scan of the workflow table, run at most once per
+    /// `count_interval` (see `Engine::workflow_counts`), never per request or scrape.
     fn count_by_state(&self) -> impl Future<Output = Result<Vec<(String, i64)>>> + Send;
 
-    /// A page of workflows, newest first, optionally in one state, created before `before` (ms).
-    fn list(
-        &self,
-        state: Option<&str>,
-        before: Option<i64>,
-        limit: i64,
-    ) -> impl Future<Output = Result<Vec<WorkflowRecord>>> + Send;
+    /// Up to `limit` workflows that pass `filter`, newest first: by `created_at`, then `workflow_id`, both
+    /// descending (the order [`Cursor`] continues). Every filter is a condition of the query, read through an
+    /// index on `(tenant, created_at, workflow_id)` for a tenant (every backend) and on
+    /// `(created_at, workflow_id)` otherwise (SQLite and MySQL; Postgres: see its store).
+    fn list(&self, filter: WorkflowFilter<'_>, limit: i64) -> impl Future<Output = Result<Vec<WorkflowRecord>>> + Send;
 
     /// Operator retry or cancel: rewrites the workflow (and bumps its epoch, fencing out any current runner)
     /// if it is in one of `from_states`. Returns the workflow after the change, or `None` if its state did

@@ -19,6 +19,9 @@ pub mod state {
     /// Cancelled by an operator; every registered compensation has run.
     pub const CANCELLED: &str = "cancelled";
 
+    /// Every state a workflow can be in.
+    pub const ALL: [&str; 6] = [RUNNING, COMPENSATING, COMPLETED, FAILED, COMPENSATION_FAILED, CANCELLED];
+
     /// Whether a workflow in `state` will not change again without an operator.
     pub fn is_final(state: &str) -> bool {
         !matches!(state, RUNNING | COMPENSATING)
@@ -56,6 +59,10 @@ pub struct WorkflowRecord {
     pub created_at: i64,
     /// Time of the last change (ms since the epoch).
     pub updated_at: i64,
+    /// Whose workflow it is ([`crate::Workflow::tenant`]), written once by its insert: lists filter on it in the
+    /// query. `None` for a workflow type without tenants, and for rows inserted before the column existed
+    /// (migration 0011) or by an older binary.
+    pub tenant: Option<String>,
 }
 
 /// Step kinds as stored.

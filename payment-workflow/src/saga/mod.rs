@@ -47,6 +47,11 @@ impl<S: PaymentStore> Workflow<S> for PaymentSaga {
     type Input = PaymentInput;
     type Output = StoredResponse;
 
+    /// A payment is its tenant's: the tenant's workflow list filters on it.
+    fn tenant(input: &PaymentInput) -> Option<String> {
+        Some(input.tenant.clone())
+    }
+
     async fn run(&self, ctx: &mut WorkflowContext<S>, input: PaymentInput) -> Result<StoredResponse, Interrupt> {
         let now = ctx.now_ms();
         let i = &input;

@@ -170,6 +170,13 @@ pub trait PaymentStore: Store {
         tenant: &str,
         request_no: &RequestNo,
     ) -> impl Future<Output = Result<Option<PaymentRecord>, sqlx::Error>> + Send;
+    /// Every payment record of the tenant's order `order_no` (each attempt), newest first, through the index
+    /// `payments_order`.
+    fn payments_of_order(
+        &self,
+        tenant: &str,
+        order_no: &OrderNo,
+    ) -> impl Future<Output = Result<Vec<PaymentRecord>, sqlx::Error>> + Send;
     /// How many payments are unresolved (their record still `processing`: the charge outcome is unknown or the
     /// channel said processing) and the oldest one's `created_at` (ms), through the partial index
     /// `payments_unresolved` (no scan of the payments table).

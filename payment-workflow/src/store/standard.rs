@@ -268,6 +268,16 @@ where
             .await
     }
 
+    async fn payments_of_order(&self, tenant: &str, order_no: &OrderNo) -> Result<Vec<PaymentRecord>, sqlx::Error> {
+        sqlx::query_as(
+            "SELECT * FROM payments WHERE order_no = $1 AND tenant = $2 ORDER BY created_at DESC, request_no DESC",
+        )
+        .bind(order_no.clone())
+        .bind(tenant.to_owned())
+        .fetch_all(self.pool())
+        .await
+    }
+
     async fn unresolved(&self) -> Result<(i64, Option<i64>), sqlx::Error> {
         sqlx::query_as("SELECT count(*), min(created_at) FROM payments WHERE status = 'processing'")
             .fetch_one(self.pool())

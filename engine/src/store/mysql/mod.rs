@@ -19,9 +19,12 @@ use sqlx::{Executor, MySql};
 
 use super::common::{self, Cleanup};
 use super::{
-    CompensationRecord, Conn, Listener, Reopen, StepRecord, Store, Tx, WorkflowRecord, WorkflowUpdate, compensations,
+    CompensationRecord, Conn, Listener, Reopen, StepRecord, Store, Tx, WorkflowFilter, WorkflowRecord, WorkflowUpdate,
+    compensations,
 };
 use crate::error::Result;
+
+mod list;
 
 /// A query on MySQL, as the binders take and return it.
 type MySqlQuery<'q> = sqlx::query::Query<'q, MySql, MySqlArguments>;
@@ -38,8 +41,8 @@ const SESSION: [&str; 2] =
 
 /// Inserts a workflow with its compensation list, in the order of [`bind_workflow`]; a duplicate key fails it.
 const INSERT_WORKFLOW: &str = "INSERT INTO workflows (workflow_id, name, input, input_hash, state, output, error, \
-    lease_owner, lease_expires_at, lease_epoch, next_attempt_at, notify, created_at, updated_at, compensations) \
-    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
+    lease_owner, lease_expires_at, lease_epoch, next_attempt_at, notify, created_at, updated_at, compensations, \
+    tenant) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
 /// Inserts step rows (followed by a `(?, …)` list per row, in the order of [`bind_steps`]).
 const INSERT_STEPS: &str = "INSERT INTO workflow_steps \
     (workflow_id, step_key, step_name, kind, status, attempts, output, error, started_at, finished_at) VALUES ";
@@ -71,8 +74,6 @@ const RELEASE_ALL: &str = "UPDATE workflows SET lease_owner = NULL, lease_expire
 const DUE: &str = "SELECT workflow_id FROM workflows WHERE state IN ('running', 'compensating') \
     AND next_attempt_at <= ? AND (lease_expires_at IS NULL OR lease_expires_at <= ?) \
     ORDER BY next_attempt_at LIMIT ? FOR UPDATE SKIP LOCKED";
-const LIST: &str = "SELECT * FROM workflows WHERE (? IS NULL OR state = ?) AND (? IS NULL OR created_at < ?) \
-    ORDER BY created_at DESC, workflow_id LIMIT ?";
 
 /// A [`Store`] on MySQL or MariaDB.
 #[derive(Debug, Clone)]
@@ -152,6 +153,7 @@ fn bind_workflow<'q>(q: MySqlQuery<'q>, wf: &WorkflowRecord, comps: String) -> M
         .bind(wf.created_at)
         .bind(wf.updated_at)
         .bind(comps)
+        .bind(&wf.tenant)
 }
 
 /// Binds `steps` for [`INSERT_STEPS`].
@@ -348,15 +350,9 @@ impl Store for MySqlStore {
         Ok(sqlx::query_as("SELECT state, count(*) FROM workflows GROUP BY state").fetch_all(&self.pool).await?)
     }
 
-    async fn list(&self, state: Option<&str>, before: Option<i64>, limit: i64) -> Result<Vec<WorkflowRecord>> {
-        Ok(sqlx::query_as(LIST)
-            .bind(state)
-            .bind(state)
-            .bind(before)
-            .bind(before)
-            .bind(limit)
-            .fetch_all(&self.pool)
-            .await?)
+    /// See `list.rs`.
+    async fn list(&self, filter: WorkflowFilter<'_>, limit: i64) -> Result<Vec<WorkflowRecord>> {
+        list::list(&self.pool, filter, limit).await
     }
 
     async fn reopen(

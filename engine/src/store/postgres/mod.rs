@@ -14,12 +14,13 @@ use super::common::{self, Cleanup};
 use super::held::Held;
 use super::{
     Checkpoint, Committed, CompensationRecord, Conn, Listener, ListenerInner, Reopen, StepRecord, Store, Tx,
-    WorkflowRecord, WorkflowUpdate, Writer, compensations,
+    WorkflowFilter, WorkflowRecord, WorkflowUpdate, Writer, compensations,
 };
 use crate::error::Result;
 use crate::phase::PhaseCommit;
 
 mod commit;
+mod list;
 mod rows;
 
 /// The engine's embedded Postgres migrations (its tables only: each crate migrates its own, so this one
@@ -61,6 +62,14 @@ impl PgStore {
             .connect_with(options)
             .await?;
         Ok(Self::from_pool(pool))
+    }
+
+    /// The plan (`EXPLAIN`) of the query [`Store::list`] sends for `filter`, on `conn` (whose session settings it
+    /// keeps): for tests and operators who check that a page reads an index, not the table.
+    pub async fn explain_list(conn: &mut sqlx::PgConnection, filter: WorkflowFilter<'_>, limit: i64) -> Result<String> {
+        let Some((sql, args)) = list::list_query(filter, limit)? else { return Ok(String::new()) };
+        let q = sqlx::query_scalar_with::<Postgres, String, _>(sqlx::AssertSqlSafe(format!("EXPLAIN {sql}")), args);
+        Ok(q.fetch_all(conn).await?.join("\n"))
     }
 
     /// A store over an existing pool.
@@ -253,12 +262,9 @@ impl Store for PgStore {
         Ok(sqlx::query_as("SELECT state, count(*) FROM workflows GROUP BY state").fetch_all(&self.pool).await?)
     }
 
-    async fn list(&self, state: Option<&str>, before: Option<i64>, limit: i64) -> Result<Vec<WorkflowRecord>> {
-        let q = sqlx::query_as(
-            "SELECT * FROM workflows WHERE ($1 IS NULL OR state = $1) AND ($2 IS NULL OR created_at < $2) \
-             ORDER BY created_at DESC, workflow_id LIMIT $3",
-        );
-        Ok(q.bind(state).bind(before).bind(limit).fetch_all(&self.pool).await?)
+    /// See `list.rs`.
+    async fn list(&self, filter: WorkflowFilter<'_>, limit: i64) -> Result<Vec<WorkflowRecord>> {
+        list::list(&self.pool, filter, limit).await
     }
 
     async fn reopen(

@@ -16,14 +16,15 @@ use self::group_commit::GroupCommit;
 use super::common::{self, Cleanup};
 use super::held::Held;
 use super::{
-    Checkpoint, Committed, CompensationRecord, Conn, Listener, Reopen, StepRecord, Store, Tx, WorkflowRecord,
-    WorkflowUpdate, Writer, compensations,
+    Checkpoint, Committed, CompensationRecord, Conn, Listener, Reopen, StepRecord, Store, Tx, WorkflowFilter,
+    WorkflowRecord, WorkflowUpdate, Writer, compensations,
 };
 use crate::error::Result;
 use crate::phase::PhaseCommit;
 
 mod commit;
 mod group_commit;
+mod list;
 mod rows;
 
 /// The engine's embedded SQLite migrations (its tables only: each crate migrates its own, so this one
@@ -271,15 +272,11 @@ impl Store for SqliteStore {
         Ok(sqlx::query_as("SELECT state, count(*) FROM workflows GROUP BY state").fetch_all(&self.pool).await?)
     }
 
-    async fn list(&self, state: Option<&str>, before: Option<i64>, limit: i64) -> Result<Vec<WorkflowRecord>> {
-        let q = sqlx::query_as(
-            "SELECT * FROM workflows WHERE ($1 IS NULL OR state = $1) AND ($2 IS NULL OR created_at < $2) \
-             ORDER BY created_at DESC, workflow_id LIMIT $3",
-        );
-        Ok(q.bind(state).bind(before).bind(limit).fetch_all(&self.pool).await?)
+    /// See `list.rs`.
+    async fn list(&self, filter: WorkflowFilter<'_>, limit: i64) -> Result<Vec<WorkflowRecord>> {
+        list::list(&self.pool, filter, limit).await
     }
 
-    /// In a `BEGIN IMMEDIATE` transaction, which already holds the write lock for the read that decides.
     async fn reopen(
         &self,
         workflow_id: &str,

@@ -218,6 +218,16 @@ impl PaymentStore for MySqlStore {
             .await
     }
 
+    async fn payments_of_order(&self, tenant: &str, order_no: &OrderNo) -> Result<Vec<PaymentRecord>, sqlx::Error> {
+        sqlx::query_as(
+            "SELECT * FROM payments WHERE tenant = ? AND order_no = ? ORDER BY created_at DESC, request_no DESC",
+        )
+        .bind(tenant)
+        .bind(order_no)
+        .fetch_all(self.pool())
+        .await
+    }
+
     async fn unresolved(&self) -> Result<(i64, Option<i64>), sqlx::Error> {
         sqlx::query_as("SELECT count(*), min(created_at) FROM payments WHERE status = 'processing'")
             .fetch_one(self.pool())
