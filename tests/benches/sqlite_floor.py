@@ -89,7 +89,7 @@ def main():
             (f"r{n}", f"o{n}"),
         )
         c.execute(
-            "INSERT INTO workflows VALUES (?, 'payment', ?, 'h', 'running', NULL, NULL, 'owner', 2, 1, 1, 0, 1, 1, ?)",
+            "INSERT INTO workflows VALUES (?, 'payment', ?, 'h', 'running', NULL, NULL, 'owner', 2, 1, 1, 0, 1, 1, ?, 'default')",
             (wf, "x" * 300, compensations),
         )
         for key in ["claim_token", "insert_record", "reserve_status", "call_channel"]:
