@@ -351,6 +351,8 @@ async fn an_orders_payments_newest_first(url: String) {
     assert_eq!(theirs["payments"].as_array().unwrap().len(), 1);
     assert_eq!(acme.get("/v1/payments?order_no=O-none").await.json()["payments"], json!([]));
     acme.get("/v1/payments?order_no=not%20valid").await.assert_problem(400, "invalid_request");
+    // A query it cannot read (a field twice) is a problem too, not plain text.
+    acme.get("/v1/payments?order_no=O-1&order_no=O-2").await.assert_problem(400, "invalid_request");
     acme.get("/v1/payments").await.assert_problem(400, "invalid_request");
 }
 

@@ -185,8 +185,10 @@ pub struct PaymentsQuery {
 pub async fn list_payments<S: PaymentStore>(
     State(state): State<AppState<S>>,
     Tenant(tenant): Tenant,
-    Query(q): Query<PaymentsQuery>,
+    query: Result<Query<PaymentsQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
+    // A query it cannot read is a problem too, as every error is.
+    let Query(q) = query.map_err(|e| ApiError::invalid(e.body_text()))?;
     let raw = q.order_no.ok_or_else(|| ApiError::invalid("order_no is required"))?;
     let order_no = OrderNo::parse(raw).map_err(|e| ApiError::invalid(e.to_string()))?;
     let payments: Vec<PaymentBody> =
