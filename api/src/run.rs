@@ -9,7 +9,9 @@ use onceflow_payments::{
     Channel, HttpChannel, MockChannel, MockChannelConfig, PaymentStore, Payments, mock_channel_router,
 };
 
-use crate::config::{Command, ConfigError, DatabaseArgs, MockChannelArgs, ServeArgs, WorkflowsCommand, parse_api_keys};
+use crate::config::{
+    Command, ConfigError, DatabaseArgs, GcArgs, MockChannelArgs, ServeArgs, WorkflowsCommand, parse_api_keys,
+};
 use crate::database::{OnPayments, redact, with_payments};
 use crate::state::{AppState, Auth};
 
@@ -22,6 +24,7 @@ pub async fn run(command: Command) -> ExitCode {
         Command::Serve(args) => serve(args, true).await,
         Command::Worker(args) => serve(args, false).await,
         Command::Migrate(db) => migrate(db).await,
+        Command::Gc(args) => gc(args).await,
         Command::Consume(args) => consume(args).await,
         Command::MockChannel(args) => mock_channel(args).await,
         Command::Workflows(cmd) => workflows(cmd).await,
@@ -132,7 +135,9 @@ impl OnPayments for Serve {
 
     async fn run<S: PaymentStore>(self, payments: Payments<S>) -> Self::Output {
         let Self { args, auth, http } = self;
+        let payments = payments.with_retention(args.retention.retention());
         let background = payments.engine().spawn_background();
+        let retention = payments.spawn_retention(args.gc_interval);
         let unresolved = spawn_unresolved_warnings(payments.clone(), args.unresolved_warn);
         if http {
             crate::metrics::install();
@@ -150,6 +155,7 @@ impl OnPayments for Serve {
         payments.engine().shutdown(SHUTDOWN_GRACE).await.map_err(|e| Failure::Other(e.into()))?;
         background.abort();
         unresolved.abort();
+        retention.abort();
         Ok(())
     }
 }
@@ -202,12 +208,14 @@ fn spawn_unresolved_warnings<S: PaymentStore>(
 
 async fn consume(args: crate::config::ConsumeArgs) -> Result<(), Failure> {
     let settings = crate::consume::Settings::from_args(&args)?;
-    with_service(&args.serve, Consume { settings, metrics_listen: args.metrics_listen }).await?
+    let retention = args.serve.retention.retention();
+    with_service(&args.serve, Consume { settings, metrics_listen: args.metrics_listen, retention }).await?
 }
 
-/// `consume`, on the service once it is connected.
+/// `consume`, on the service once it is connected (its command tokens live `--token-ttl`).
 struct Consume {
     settings: crate::consume::Settings,
+    retention: onceflow_payments::Retention,
     metrics_listen: Option<std::net::SocketAddr>,
 }
 
@@ -215,6 +223,7 @@ impl OnPayments for Consume {
     type Output = Result<(), Failure>;
 
     async fn run<S: PaymentStore>(self, payments: Payments<S>) -> Self::Output {
+        let payments = payments.with_retention(self.retention);
         let background = payments.engine().spawn_background();
         crate::metrics::install();
         if let Some(listen) = self.metrics_listen {
@@ -250,6 +259,11 @@ async fn migrate(db: DatabaseArgs) -> Result<(), Failure> {
     with_database(&db, Migrated).await?;
     println!("migrations applied to {}", redact(&db.database_url));
     Ok(())
+}
+
+async fn gc(args: GcArgs) -> Result<(), Failure> {
+    let task = crate::gc::Gc { retention: args.retention.retention(), dry_run: args.dry_run };
+    with_database(&args.database, task).await?.map_err(Failure::Other)
 }
 
 async fn mock_channel(args: MockChannelArgs) -> Result<(), Failure> {
