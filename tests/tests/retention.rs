@@ -7,9 +7,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
+use onceflow_engine::EngineConfig;
 use onceflow_engine::clock::{Clock, ManualClock};
 use onceflow_engine::store::state;
-use onceflow_engine::EngineConfig;
 use onceflow_payments::{
     MockChannel, MockChannelConfig, OrderStatus, PassReport, PayRequest, PaymentStatus, PaymentStore, Payments,
     Retention, TokenState, payment_workflow_id,
