@@ -30,14 +30,31 @@ pub trait StandardSql: Store {
     fn lock_pass(&self) -> impl Future<Output = Result<Option<PassLock>, sqlx::Error>> + Send;
 }
 
-/// The tokens a retention pass may delete, by the time a token's retention counts from: its expiry while
-/// unused, its last change (the payment's end) once used. The expression is the key of the index
-/// `tokens_retention` (migration 0010), written here exactly as there so that the planner uses it; with the
-/// state leading, a batch is one bounded range of that index. The outer `DELETE` repeats the condition, so a
-/// row changed since the subquery read it (an expired token revived by `ensure_token`) is left alone.
+/// The time a token's retention counts from: its expiry while unused, its last change (the payment's end)
+/// once used. This expression is the key of the index `tokens_retention` after the state (migration 0010),
+/// written here exactly as there so that the planner uses it.
+macro_rules! retained_from {
+    () => {
+        "(CASE WHEN state = 'issued' THEN expires_at ELSE updated_at END)"
+    };
+}
+
+/// The tokens in `$state` a retention pass may delete, those retained from `$1` or earlier. A batch takes them
+/// in the index's order (oldest first), so it is one bounded range of `tokens_retention` (without the order,
+/// Postgres may prefer a heap scan that stops at the limit, over dead rows).
 macro_rules! doomed_tokens {
     ($state:literal) => {
-        concat!("state = '", $state, "' AND (CASE WHEN state = 'issued' THEN expires_at ELSE updated_at END) <= $1")
+        concat!("state = '", $state, "' AND ", retained_from!(), " <= $1")
+    };
+}
+
+/// The same condition, re-checked by the outer `DELETE` on each row the batch chose, so that a row changed
+/// since the subquery read it (an expired token revived by `ensure_token`) is left alone. Written so that no
+/// index serves it (`|| ''`, `+ 0`): the rows are found by their primary key, not by a second scan of the whole
+/// due range (SQLite without statistics would choose that).
+macro_rules! still_doomed {
+    ($state:literal) => {
+        concat!("state || '' = '", $state, "' AND ", retained_from!(), " + 0 <= $1")
     };
 }
 
@@ -48,8 +65,10 @@ fn token_sql(kind: TokenKind) -> (&'static str, &'static str) {
             concat!(
                 "DELETE FROM idempotency_tokens WHERE token IN (SELECT token FROM idempotency_tokens WHERE ",
                 doomed_tokens!("issued"),
+                " ORDER BY ",
+                retained_from!(),
                 " LIMIT $2) AND ",
-                doomed_tokens!("issued")
+                still_doomed!("issued")
             ),
             concat!("SELECT count(*) FROM idempotency_tokens WHERE ", doomed_tokens!("issued")),
         ),
@@ -57,8 +76,10 @@ fn token_sql(kind: TokenKind) -> (&'static str, &'static str) {
             concat!(
                 "DELETE FROM idempotency_tokens WHERE token IN (SELECT token FROM idempotency_tokens WHERE ",
                 doomed_tokens!("completed"),
+                " ORDER BY ",
+                retained_from!(),
                 " LIMIT $2) AND ",
-                doomed_tokens!("completed")
+                still_doomed!("completed")
             ),
             concat!("SELECT count(*) FROM idempotency_tokens WHERE ", doomed_tokens!("completed")),
         ),
