@@ -7,15 +7,15 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use onceflow_engine::EngineConfig;
 use onceflow_engine::clock::{Clock, ManualClock};
 use onceflow_engine::store::state;
+use onceflow_engine::{Engine, EngineConfig, Outcome};
 use onceflow_payments::{
     MockChannel, MockChannelConfig, OrderStatus, PassReport, PayRequest, PaymentStatus, PaymentStore, Payments,
     Retention, TokenState, payment_workflow_id,
 };
 use onceflow_tests::ids::{cny, order_no, pay_request, request_no};
-use onceflow_tests::{TestDb, on_every_backend};
+use onceflow_tests::{Hooks, Steps, StepsInput, TestDb, on_every_backend};
 
 const T: &str = "default";
 const ROUTE: &str = "/v1/payments";
@@ -238,7 +238,75 @@ async fn one_pass_at_a_time<S: TestDb + PaymentStore>(store: S) {
     assert!(freed, "the dropped lock's session was closed");
 }
 
+fn steps_engine<S: TestDb>(store: S, clock: &ManualClock, hooks: &Arc<Hooks>) -> Engine<S> {
+    Engine::builder(store).register(Steps { hooks: hooks.clone() }).clock(clock.clone()).build()
+}
+
+fn input(label: &str, fail: bool) -> StepsInput {
+    StepsInput { label: label.to_owned(), fail }
+}
+
+/// Completed, failed and cancelled histories go; a `compensation_failed` one waits for its operator, and goes
+/// only once a retry has ended it; a running one stays.
+async fn finished_histories_go_and_one_waiting_for_an_operator_stays<S: TestDb>(store: S) {
+    let clock = ManualClock::new(T0);
+    let (hooks, stuck_hooks) = (Arc::new(Hooks::default()), Arc::new(Hooks::default()));
+    let engine = steps_engine(store.clone(), &clock, &hooks);
+    let ended = |id: &'static str, fail| {
+        let engine = engine.clone();
+        async move { engine.start::<Steps>(id, &input(id, fail)).await.unwrap().wait(WAIT).await.unwrap().unwrap() }
+    };
+    assert!(matches!(ended("done", false).await, Outcome::Completed(_)));
+    assert!(matches!(ended("failed", true).await, Outcome::Failed(_)));
+    stuck_hooks.fail_compensations.store(true, Ordering::SeqCst);
+    let stuck = steps_engine(store.clone(), &clock, &stuck_hooks);
+    let outcome = stuck.start::<Steps>("stuck", &input("stuck", true)).await.unwrap().wait(WAIT).await.unwrap();
+    assert!(matches!(outcome, Some(Outcome::CompensationFailed(_))), "{outcome:?}");
+    // Two runs held at `e2`: one stays running, the other an operator cancels.
+    let mut held = Vec::new();
+    for id in ["running", "cancelled"] {
+        let runner_hooks = Arc::new(Hooks::default());
+        let mut reached = runner_hooks.stop_at("e2").await;
+        let runner = steps_engine(store.another_pool().await.unwrap(), &clock, &runner_hooks);
+        held.push((runner.start::<Steps>(id, &input(id, false)).await.unwrap(), runner_hooks));
+        reached.recv().await.unwrap();
+    }
+    engine.cancel("cancelled").await.unwrap();
+    assert_eq!(engine.recover_once().await.unwrap(), 1);
+    assert!(matches!(engine.wait("cancelled", WAIT).await.unwrap(), Some(Outcome::Cancelled(_))));
+
+    let now = clock.now_ms();
+    assert_eq!(engine.count_finished_before(now - 1).await.unwrap().workflows, 0, "none ended before now");
+    let due = engine.count_finished_before(now).await.unwrap();
+    assert_eq!(due.workflows, 3, "{due:?}");
+    assert_eq!(engine.delete_finished_before(now, 2).await.unwrap().workflows, 2, "a batch holds its limit");
+    let rest = engine.delete_finished_before(now, 2).await.unwrap();
+    assert_eq!(rest.workflows, 1);
+    assert_eq!(engine.delete_finished_before(now, 2).await.unwrap().workflows, 0);
+    for id in ["done", "failed", "cancelled"] {
+        assert!(store.workflow(id).await.unwrap().is_none(), "{id}");
+        assert!(store.steps(id).await.unwrap().is_empty(), "{id}: its steps");
+    }
+    clock.advance(400 * 24 * HOUR);
+    let later = clock.now_ms();
+    assert_eq!(engine.delete_finished_before(later, 500).await.unwrap().workflows, 0);
+    assert_eq!(store.workflow("stuck").await.unwrap().unwrap().state, state::COMPENSATION_FAILED);
+    assert!(!store.steps("stuck").await.unwrap().is_empty());
+    assert_eq!(store.workflow("running").await.unwrap().unwrap().state, state::RUNNING);
+    // The operator retries: the compensations finish, and the history is finished, hence due. (The held run's
+    // lease has long expired meanwhile: the same recovery resumes it, and it completes.)
+    engine.retry("stuck").await.unwrap();
+    assert_eq!(engine.recover_once().await.unwrap(), 2);
+    assert!(matches!(engine.wait("stuck", WAIT).await.unwrap(), Some(Outcome::Failed(_))));
+    assert!(matches!(engine.wait("running", WAIT).await.unwrap(), Some(Outcome::Completed(_))));
+    assert_eq!(engine.delete_finished_before(clock.now_ms(), 500).await.unwrap().workflows, 2);
+    for (_, hooks) in &held {
+        hooks.resume.notify_one();
+    }
+}
+
 on_every_backend!(
+    finished_histories_go_and_one_waiting_for_an_operator_stays,
     one_pass_at_a_time,
     each_kind_goes_exactly_when_its_retention_has_passed,
     a_replay_outlives_the_history,
