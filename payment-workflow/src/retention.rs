@@ -111,7 +111,8 @@ impl<S: PaymentStore> Payments<S> {
             tracing::warn!(error = %e, "could not release the retention lock: its connection was closed");
         }
         #[allow(clippy::cast_precision_loss)]
-        metrics::gauge!("onceflow_gc_last_run_timestamp_seconds").set(now as f64 / 1000.0);
+        let finished = self.engine().now_ms() as f64 / 1000.0;
+        metrics::gauge!("onceflow_gc_last_run_timestamp_seconds").set(finished);
         tracing::info!(?report, "retention pass done");
         Ok(Some(report))
     }

@@ -19,6 +19,9 @@ pub(crate) struct Options {
     pub(crate) gc_every: Option<Duration>,
     /// The history retention of those passes.
     pub(crate) history_retention: Duration,
+    /// A plain `VACUUM` of the tables a pass deletes from after each pass: what autovacuum does where it is
+    /// on, so that the deleted rows' space is reused (this machine's Postgres runs with `autovacuum = off`).
+    pub(crate) vacuum: bool,
 }
 
 impl Options {
@@ -40,6 +43,7 @@ pub(crate) fn parse() -> anyhow::Result<Options> {
         rounds: 1,
         gc_every: None,
         history_retention: Duration::from_secs(30 * 86_400),
+        vacuum: false,
     };
     let mut i = 0;
     while i < args.len() {
@@ -56,11 +60,16 @@ pub(crate) fn parse() -> anyhow::Result<Options> {
             ("--history-retention", _) if i + 1 < args.len() => {
                 o.history_retention = humantime::parse_duration(&args[i + 1])?;
             }
+            ("--vacuum", _) => {
+                o.vacuum = true;
+                i += 1;
+                continue;
+            }
             ("--help" | "-h", _) => {
                 println!(
                     "onceflow-bench [--concurrency 16] [--count 8000] [--duration-secs 60] [--storm 1000] \
                      [--only library|http|mq|http/postgres,mq/postgres|…] [--pool CONNECTIONS] [--rounds 1] \
-                     [--gc-every 10s [--history-retention 0s]]"
+                     [--gc-every 10s [--history-retention 0s] [--vacuum]]"
                 );
                 std::process::exit(0);
             }

@@ -1,6 +1,7 @@
 //! `library/postgres` with retention passes (`--gc-every 10s --history-retention 0s`): the database's size
 //! (`pg_database_size`, sampled every second: its peak, and at the end) and the payment rate while a pass runs
-//! and while none does, from the same run. `--gc-every 0s` samples the same without passes, for comparison.
+//! and while none does, from the same run. `--gc-every 0s` samples the same without passes, for comparison;
+//! `--vacuum` runs a plain `VACUUM` after each pass, as autovacuum would.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -34,23 +35,34 @@ pub(crate) async fn run(store: PgStore, url: &str, every: Duration, o: &Options)
     let passes = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
 
+    let vacuum = o.vacuum;
     let gc = (!every.is_zero()).then(|| {
-        let (payments, passes, stop) = (payments.clone(), passes.clone(), stop.clone());
+        let (payments, passes, stop, probe) = (payments.clone(), passes.clone(), stop.clone(), probe.clone());
         tokio::spawn(async move {
             let mut log: Vec<(Duration, PassReport)> = Vec::new();
+            let mut vacuumed = Duration::ZERO;
             while !stop.load(Ordering::SeqCst) {
                 tokio::time::sleep(every).await;
                 passes.fetch_add(1, Ordering::SeqCst);
                 let t = Instant::now();
                 let report = payments.retention_pass(false).await;
+                let took = t.elapsed();
+                if vacuum {
+                    let t = Instant::now();
+                    let done = sqlx::query("VACUUM workflows, workflow_steps, idempotency_tokens").execute(&probe);
+                    if let Err(e) = done.await {
+                        eprintln!("  VACUUM failed: {e}");
+                    }
+                    vacuumed += t.elapsed();
+                }
                 passes.fetch_add(1, Ordering::SeqCst);
                 match report {
-                    Ok(Some(r)) => log.push((t.elapsed(), r)),
+                    Ok(Some(r)) => log.push((took, r)),
                     Ok(None) => eprintln!("  a pass was skipped: another process holds the lock"),
                     Err(e) => eprintln!("  a pass failed: {e}"),
                 }
             }
-            log
+            (log, vacuumed)
         })
     });
     let sampler = {
@@ -90,9 +102,9 @@ pub(crate) async fn run(store: PgStore, url: &str, every: Duration, o: &Options)
     .await?;
     stop.store(true, Ordering::SeqCst);
     let (during, outside, peak) = sampler.await?;
-    let log = match gc {
+    let (log, vacuumed) = match gc {
         Some(gc) => gc.await?,
-        None => Vec::new(),
+        None => (Vec::new(), Duration::ZERO),
     };
     let end_size = size(&probe).await?;
     let rate = |(n, t): (u64, Duration)| if t.is_zero() { 0.0 } else { n as f64 / t.as_secs_f64() };
@@ -109,6 +121,12 @@ pub(crate) async fn run(store: PgStore, url: &str, every: Duration, o: &Options)
         total.as_secs_f64(),
         longest.as_millis(),
     );
+    if vacuum {
+        eprintln!(
+            "  a plain VACUUM after each pass: {:.1} s in all (counted as during the passes)",
+            vacuumed.as_secs_f64()
+        );
+    }
     eprintln!(
         "  payments/s: {:.0} overall, {:.0} during passes ({:.1} s sampled), {:.0} outside them ({:.1} s)",
         run.rate(),
