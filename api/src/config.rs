@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use onceflow_payments::Retention;
 
 /// `onceflow`: durable saga engine and payment service.
 #[derive(Debug, Parser)]
@@ -36,6 +37,8 @@ pub enum Command {
     Worker(ServeArgs),
     /// Apply the migrations and exit.
     Migrate(DatabaseArgs),
+    /// One retention pass now (what `serve` and `worker` run every `--gc-interval`), printing what it deleted.
+    Gc(GcArgs),
     /// Take payment commands from a RabbitMQ queue (contracts/mq.md), and run the recovery loop.
     Consume(ConsumeArgs),
     /// Serve the mock payment channel.
@@ -51,6 +54,47 @@ pub struct DatabaseArgs {
     /// `postgres://…`, `mysql://…` (MySQL 8 / MariaDB 10.6+) or `sqlite://…` (created if missing).
     #[arg(long, env = "ONCEFLOW_DATABASE_URL", default_value = "sqlite://onceflow.db")]
     pub database_url: String,
+}
+
+/// How long what is kept, is kept; orders and payment records are kept for good.
+#[derive(Debug, Clone, Args)]
+pub struct RetentionArgs {
+    /// An unused token expires this long after it was issued, and is then deleted.
+    #[arg(long, env = "ONCEFLOW_TOKEN_TTL", default_value = "24h", value_parser = parse_duration)]
+    pub token_ttl: Duration,
+    /// A used token and its stored response are kept this long after the payment ended, then deleted (a
+    /// replay after that is `404 token_not_found`).
+    #[arg(long, env = "ONCEFLOW_RESPONSE_RETENTION", default_value = "7d", value_parser = parse_duration)]
+    pub response_retention: Duration,
+    /// A finished workflow (completed, failed, cancelled) and its steps are kept this long after it ended, then
+    /// deleted; a compensation_failed one waits for an operator and is kept.
+    #[arg(long, env = "ONCEFLOW_HISTORY_RETENTION", default_value = "30d", value_parser = parse_duration)]
+    pub history_retention: Duration,
+}
+
+impl RetentionArgs {
+    /// As the payment service takes it.
+    pub fn retention(&self) -> Retention {
+        Retention {
+            token_ttl: self.token_ttl,
+            response_retention: self.response_retention,
+            history_retention: self.history_retention,
+        }
+    }
+}
+
+/// `gc`: the database and what to keep.
+#[derive(Debug, Clone, Args)]
+pub struct GcArgs {
+    /// The database.
+    #[command(flatten)]
+    pub database: DatabaseArgs,
+    /// What to keep.
+    #[command(flatten)]
+    pub retention: RetentionArgs,
+    /// Count what would be deleted; delete nothing.
+    #[arg(long)]
+    pub dry_run: bool,
 }
 
 /// `serve` and `worker`.
@@ -99,6 +143,12 @@ pub struct ServeArgs {
     /// HTTP connections served at once; more wait in the listen backlog until one ends.
     #[arg(long, env = "ONCEFLOW_MAX_CONNECTIONS", default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub max_connections: u32,
+    /// What to keep, and for how long.
+    #[command(flatten)]
+    pub retention: RetentionArgs,
+    /// How often `serve` and `worker` run a retention pass (one process at a time; the first at start-up).
+    #[arg(long, env = "ONCEFLOW_GC_INTERVAL", default_value = "1h", value_parser = parse_duration)]
+    pub gc_interval: Duration,
 }
 
 /// `consume`: the database, channel and lease flags of `serve` (its `--listen` and `--api-keys` are not

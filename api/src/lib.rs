@@ -24,6 +24,7 @@ mod consume;
 mod database;
 mod error;
 mod extract;
+mod gc;
 pub mod metrics;
 mod openapi;
 mod operate;

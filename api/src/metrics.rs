@@ -36,4 +36,13 @@ fn describe() {
         ::metrics::Unit::Seconds,
         "Age of the oldest unresolved payment (0 when there is none)"
     );
+    ::metrics::describe_counter!(
+        "onceflow_gc_deleted_total",
+        "Rows deleted by this process's retention passes, by kind (unused_tokens, used_tokens, workflows, steps)"
+    );
+    ::metrics::describe_gauge!(
+        "onceflow_gc_last_run_timestamp_seconds",
+        ::metrics::Unit::Seconds,
+        "When this process last finished a retention pass (Unix time; passes run in one process at a time)"
+    );
 }

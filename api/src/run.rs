@@ -10,7 +10,7 @@ use onceflow_payments::{
 };
 
 use crate::config::{
-    Command, ConfigError, DatabaseArgs, MockChannelArgs, ServeArgs, WorkflowsCommand, parse_api_keys,
+    Command, ConfigError, DatabaseArgs, GcArgs, MockChannelArgs, ServeArgs, WorkflowsCommand, parse_api_keys,
     parse_operator_keys,
 };
 use crate::database::{OnPayments, redact, with_payments};
@@ -25,6 +25,7 @@ pub async fn run(command: Command) -> ExitCode {
         Command::Serve(args) => serve(args, true).await,
         Command::Worker(args) => serve(args, false).await,
         Command::Migrate(db) => migrate(db).await,
+        Command::Gc(args) => gc(args).await,
         Command::Consume(args) => consume(args).await,
         Command::MockChannel(args) => mock_channel(args).await,
         Command::Workflows(cmd) => workflows(cmd).await,
@@ -142,7 +143,9 @@ impl OnPayments for Serve {
 
     async fn run<S: PaymentStore>(self, payments: Payments<S>) -> Self::Output {
         let Self { args, auth, http } = self;
+        let payments = payments.with_retention(args.retention.retention());
         let background = payments.engine().spawn_background();
+        let retention = payments.spawn_retention(args.gc_interval);
         let unresolved = spawn_unresolved_warnings(payments.clone(), args.unresolved_warn);
         if http {
             crate::metrics::install();
@@ -164,6 +167,7 @@ impl OnPayments for Serve {
         payments.engine().shutdown(SHUTDOWN_GRACE).await.map_err(|e| Failure::Other(e.into()))?;
         background.abort();
         unresolved.abort();
+        retention.abort();
         Ok(())
     }
 }
@@ -216,12 +220,14 @@ fn spawn_unresolved_warnings<S: PaymentStore>(
 
 async fn consume(args: crate::config::ConsumeArgs) -> Result<(), Failure> {
     let settings = crate::consume::Settings::from_args(&args)?;
-    with_service(&args.serve, Consume { settings, metrics_listen: args.metrics_listen }).await?
+    let retention = args.serve.retention.retention();
+    with_service(&args.serve, Consume { settings, metrics_listen: args.metrics_listen, retention }).await?
 }
 
-/// `consume`, on the service once it is connected.
+/// `consume`, on the service once it is connected (its command tokens live `--token-ttl`).
 struct Consume {
     settings: crate::consume::Settings,
+    retention: onceflow_payments::Retention,
     metrics_listen: Option<std::net::SocketAddr>,
 }
 
@@ -229,6 +235,7 @@ impl OnPayments for Consume {
     type Output = Result<(), Failure>;
 
     async fn run<S: PaymentStore>(self, payments: Payments<S>) -> Self::Output {
+        let payments = payments.with_retention(self.retention);
         let background = payments.engine().spawn_background();
         crate::metrics::install();
         if let Some(listen) = self.metrics_listen {
@@ -264,6 +271,11 @@ async fn migrate(db: DatabaseArgs) -> Result<(), Failure> {
     with_database(&db, Migrated).await?;
     println!("migrations applied to {}", redact(&db.database_url));
     Ok(())
+}
+
+async fn gc(args: GcArgs) -> Result<(), Failure> {
+    let task = crate::gc::Gc { retention: args.retention.retention(), dry_run: args.dry_run };
+    with_database(&args.database, task).await?.map_err(Failure::Other)
 }
 
 async fn mock_channel(args: MockChannelArgs) -> Result<(), Failure> {

@@ -29,6 +29,7 @@ mod channel;
 mod error;
 mod invariants;
 mod model;
+mod retention;
 mod saga;
 mod service;
 mod store;
@@ -44,6 +45,7 @@ pub use model::{
     PaymentStatus, Problem, RequestNo, StoredResponse, TOKEN_PATTERN, Token, TokenRecord, TokenState, positive_amount,
     problem,
 };
+pub use retention::{BATCH as RETENTION_BATCH, PassReport, Retention};
 pub use saga::{PaymentInput, PaymentSaga};
 pub use service::{COMMAND_ROUTE, IssuedToken, PayResponse, Payments, TOKEN_TTL_MS, payment_workflow_id};
-pub use store::{PaymentStore, Reserve, ReserveSteps};
+pub use store::{PassLock, PaymentStore, Reserve, ReserveSteps, TokenKind};

@@ -3,6 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use onceflow_engine::clock::{Clock, SystemClock};
 use onceflow_engine::{Engine, EngineConfig, Outcome};
 
 use crate::channel::Channel;
@@ -11,10 +12,11 @@ use crate::model::{
     Currency, Order, OrderNo, OrderStatus, PayRequest, PaymentBody, PaymentRecord, PaymentStatus, Problem, RequestNo,
     StoredResponse, Token, TokenRecord, TokenState, hex_sha256, positive_amount,
 };
+use crate::retention::{Retention, millis};
 use crate::saga::{PaymentInput, PaymentSaga};
 use crate::store::PaymentStore;
 
-/// How long an unused token lives.
+/// How long an unused token lives by default (`--token-ttl`; see [`Retention`]).
 pub const TOKEN_TTL_MS: i64 = 24 * 60 * 60 * 1000;
 
 /// The id of the workflow paying under `token`: derived from it, so repeats find it, without revealing it.
@@ -57,11 +59,12 @@ impl PayResponse {
 /// The payment service over a store and a channel. Cheap to clone.
 pub struct Payments<S: PaymentStore> {
     engine: Engine<S>,
+    retention: Retention,
 }
 
 impl<S: PaymentStore> Clone for Payments<S> {
     fn clone(&self) -> Self {
-        Self { engine: self.engine.clone() }
+        Self { engine: self.engine.clone(), retention: self.retention }
     }
 }
 
@@ -69,8 +72,26 @@ impl<S: PaymentStore> Payments<S> {
     /// The service, with its engine (the payment saga registered). Start the engine's background loop with
     /// `payments.engine().spawn_background()`.
     pub fn new(store: S, channel: Arc<dyn Channel>, config: EngineConfig) -> Self {
-        let engine = Engine::builder(store).register(PaymentSaga::new(channel)).config(config).build();
-        Self { engine }
+        Self::with_clock(store, channel, config, SystemClock)
+    }
+
+    /// [`Payments::new`] on `clock` (tests: a manual clock), by which tokens are issued and expire, payments
+    /// end and retention passes measure ages.
+    pub fn with_clock(store: S, channel: Arc<dyn Channel>, config: EngineConfig, clock: impl Clock) -> Self {
+        let engine = Engine::builder(store).register(PaymentSaga::new(channel)).config(config).clock(clock).build();
+        Self { engine, retention: Retention::default() }
+    }
+
+    /// This service with `retention` (the token ttl, and what its retention passes keep).
+    #[must_use]
+    pub fn with_retention(mut self, retention: Retention) -> Self {
+        self.retention = retention;
+        self
+    }
+
+    /// How long what is kept, is kept.
+    pub fn retention(&self) -> Retention {
+        self.retention
     }
 
     /// The engine running the payment workflows.
@@ -78,12 +99,16 @@ impl<S: PaymentStore> Payments<S> {
         &self.engine
     }
 
+    fn token_ttl(&self) -> i64 {
+        millis(self.retention.token_ttl)
+    }
+
     fn store(&self) -> &S {
         self.engine.store()
     }
 
     fn now(&self) -> i64 {
-        onceflow_engine::clock::Clock::now_ms(&onceflow_engine::clock::SystemClock)
+        self.engine.now_ms()
     }
 
     /// Creates an order; the same `order_no` with the same fields returns the existing one (`created` false),
@@ -137,7 +162,7 @@ impl<S: PaymentStore> Payments<S> {
     /// Issues an idempotency token for the tenant.
     pub async fn issue_token(&self, tenant: &str) -> Result<IssuedToken> {
         let token = Token::issue();
-        let record = unused_token(tenant, &token, self.now());
+        let record = unused_token(tenant, &token, self.now(), self.token_ttl());
         self.store().insert_token(&record).await?;
         Ok(IssuedToken { token, expires_at: record.expires_at })
     }
@@ -166,6 +191,14 @@ impl<S: PaymentStore> Payments<S> {
                 | onceflow_engine::Error::NotFound(_)
                 | onceflow_engine::Error::Conflict { .. },
             ) => {}
+            // Attached to a workflow recorded before: a history is kept longer than a response, so the token
+            // decides whether there is still an answer to replay (past the response retention there is not).
+            Ok(response) if response.replayed => {
+                return Ok(match self.store().token_and_order(token, tenant, request.order_no()).await? {
+                    Some(_) => response,
+                    None => not_found(),
+                });
+            }
             other => return Ok(other?),
         }
         let Some((stored, order_exists)) = self.store().token_and_order(token, tenant, request.order_no()).await?
@@ -257,7 +290,7 @@ impl<S: PaymentStore> Payments<S> {
         };
         let token = Token::of_command(tenant, request_no);
         let now = self.now();
-        self.store().ensure_token(&unused_token(tenant, &token, now)).await?;
+        self.store().ensure_token(&unused_token(tenant, &token, now, self.token_ttl())).await?;
         let mut response = self.pay(tenant, &token, COMMAND_ROUTE, request, wait).await?;
         if problem_code(&response).as_deref() == Some("order_not_found") {
             // Nothing was recorded, so over HTTP the token stays usable; a command's answer is kept instead, so
@@ -377,8 +410,8 @@ fn payment_input(tenant: &str, token: &Token, route: &str, request: &PayRequest)
     }
 }
 
-/// The tenant's `token`, unused, issued `now` and living [`TOKEN_TTL_MS`].
-fn unused_token(tenant: &str, token: &Token, now: i64) -> TokenRecord {
+/// The tenant's `token`, unused, issued `now` and living `ttl` ms.
+fn unused_token(tenant: &str, token: &Token, now: i64, ttl: i64) -> TokenRecord {
     TokenRecord {
         token: token.clone(),
         tenant: tenant.to_owned(),
@@ -388,7 +421,7 @@ fn unused_token(tenant: &str, token: &Token, now: i64) -> TokenRecord {
         response_status: None,
         response_body: None,
         created_at: now,
-        expires_at: now + TOKEN_TTL_MS,
+        expires_at: now.saturating_add(ttl),
         updated_at: now,
     }
 }

@@ -26,7 +26,9 @@ pub use held::Writer;
 pub use mysql::{MIGRATOR as MYSQL_MIGRATOR, MySqlStore};
 pub use page::{Cursor, WorkflowFilter};
 pub use postgres::{MIGRATOR as POSTGRES_MIGRATOR, PgStore};
-pub use records::{CompensationRecord, StepRecord, WorkflowRecord, compensation_status, kind, state, step_status};
+pub use records::{
+    CompensationRecord, Deleted, StepRecord, WorkflowRecord, compensation_status, kind, state, step_status,
+};
 pub use sqlite::{MIGRATOR as SQLITE_MIGRATOR, PHASE_FLAGS as SQLITE_PHASE_FLAGS, SqliteStore};
 
 /// A connection of the store's database, as handed to transactional steps.
@@ -341,6 +343,15 @@ pub trait Store: sealed::Sealed + Clone + Send + Sync + 'static {
         error: Option<String>,
         now: i64,
     ) -> impl Future<Output = Result<Option<WorkflowRecord>>> + Send;
+
+    /// Deletes up to `limit` finished workflows ([`state::DELETABLE`]) whose last change (`updated_at`, their
+    /// end) is at or before `ended_by` (ms), with their step rows, in one short transaction. A workflow another
+    /// transaction holds (an operator's retry) is skipped, and one that changed meanwhile is deleted only if it
+    /// is still finished and ended by `ended_by`. Returns what it deleted.
+    fn delete_finished(&self, ended_by: i64, limit: i64) -> impl Future<Output = Result<Deleted>> + Send;
+
+    /// What [`Store::delete_finished`] would delete with no limit (a dry run).
+    fn count_finished(&self, ended_by: i64) -> impl Future<Output = Result<Deleted>> + Send;
 
     /// Waits for a notification that some workflow ended in another process (Postgres `LISTEN`). Returns the
     /// workflow id; `None` when this backend has no such channel (the caller then polls).

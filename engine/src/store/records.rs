@@ -26,6 +26,21 @@ pub mod state {
     pub fn is_final(state: &str) -> bool {
         !matches!(state, RUNNING | COMPENSATING)
     }
+
+    /// The states whose workflows the retention pass deletes once their history retention has passed since
+    /// they ended (`updated_at`). Not `compensation_failed`: such a workflow waits for an operator (a refund
+    /// that did not happen, say), so it is unfinished work and is kept until an operator's retry ends it.
+    /// A `failed` one may still be retried by an operator while it is kept: the retention is that window.
+    pub const DELETABLE: [&str; 3] = [COMPLETED, FAILED, CANCELLED];
+}
+
+/// What a retention batch deleted of the engine's tables (or, counting, would delete).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Deleted {
+    /// Workflow rows.
+    pub workflows: u64,
+    /// Their step rows.
+    pub steps: u64,
 }
 
 /// A workflow instance as stored.

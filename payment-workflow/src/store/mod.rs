@@ -11,11 +11,24 @@ use crate::model::{
 };
 use crate::saga::PaymentInput;
 
+mod lock;
 mod mysql;
 mod postgres;
 mod sqlite;
 mod standard;
 mod statement;
+
+pub use lock::PassLock;
+
+/// The tokens a retention pass deletes, each kind by the time its retention counts from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TokenKind {
+    /// Never used (`issued`), deleted once expired (`expires_at`).
+    Unused,
+    /// Used (`completed`, with the stored response), deleted once the response retention has passed since the
+    /// payment ended (`updated_at`). A token still `in_use` (its payment is unfinished) is never deleted.
+    Used,
+}
 
 /// How reserving an order for payment went.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -188,6 +201,19 @@ pub trait PaymentStore: Store {
         created_before: i64,
         limit: i64,
     ) -> impl Future<Output = Result<Vec<(String, String, i64)>, sqlx::Error>> + Send;
+    /// Deletes up to `limit` tokens of `kind` whose retention ended at or before `by` (ms: for unused tokens,
+    /// now; for used ones, now minus the response retention), in one short statement; how many. A token that
+    /// changed meanwhile (revived, claimed) is deleted only if it still qualifies.
+    fn delete_tokens(
+        &self,
+        kind: TokenKind,
+        by: i64,
+        limit: i64,
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send;
+    /// How many tokens [`PaymentStore::delete_tokens`] would delete with no limit (a dry run).
+    fn count_tokens(&self, kind: TokenKind, by: i64) -> impl Future<Output = Result<u64, sqlx::Error>> + Send;
+    /// Takes the retention pass's lock without waiting: `None` when another process holds it.
+    fn lock_pass(&self) -> impl Future<Output = Result<Option<PassLock>, sqlx::Error>> + Send;
     /// Every order (for the invariant checker).
     fn all_orders(&self) -> impl Future<Output = Result<Vec<Order>, sqlx::Error>> + Send;
     /// Every payment record (for the invariant checker).

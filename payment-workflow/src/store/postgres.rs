@@ -3,6 +3,7 @@
 
 use onceflow_engine::{PgStore, Store};
 
+use super::PassLock;
 use super::standard::StandardSql;
 use super::statement::PhaseDialect;
 
@@ -10,6 +11,10 @@ use super::statement::PhaseDialect;
 /// their own in the same history).
 pub static MIGRATOR: sqlx::migrate::Migrator =
     sqlx::migrate::Migrator { ignore_missing: true, ..sqlx::migrate!("migrations/postgres") };
+
+/// The advisory lock of the retention pass (per database): `onceflow` in ASCII.
+const PASS_LOCK: &str = "SELECT pg_try_advisory_lock(8029464472809402231)";
+const PASS_UNLOCK: &str = "SELECT pg_advisory_unlock(8029464472809402231)";
 
 impl StandardSql for PgStore {
     const DIALECT: PhaseDialect = PhaseDialect::Postgres;
@@ -21,5 +26,13 @@ impl StandardSql for PgStore {
     async fn migrate_own(&self) -> Result<(), onceflow_engine::Error> {
         MIGRATOR.run(self.write_pool()).await?;
         Ok(())
+    }
+
+    /// A session-level advisory lock on a connection of its own, held for the pass (a pass's batches run on
+    /// other connections, each its own short transaction).
+    async fn lock_pass(&self) -> Result<Option<PassLock>, sqlx::Error> {
+        let mut conn = self.pool().acquire().await?;
+        let locked: bool = sqlx::query_scalar(PASS_LOCK).fetch_one(&mut *conn).await?;
+        Ok(locked.then(|| PassLock::postgres(conn, PASS_UNLOCK)))
     }
 }

@@ -3,6 +3,7 @@
 
 use onceflow_engine::{SqliteStore, Store};
 
+use super::PassLock;
 use super::standard::StandardSql;
 use super::statement::PhaseDialect;
 
@@ -21,5 +22,10 @@ impl StandardSql for SqliteStore {
     async fn migrate_own(&self) -> Result<(), onceflow_engine::Error> {
         MIGRATOR.run(self.write_pool()).await?;
         Ok(())
+    }
+
+    /// No lock: one process opens an SQLite database, and its writes are serialised anyway.
+    async fn lock_pass(&self) -> Result<Option<PassLock>, sqlx::Error> {
+        Ok(Some(PassLock::alone()))
     }
 }

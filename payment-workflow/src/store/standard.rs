@@ -8,7 +8,7 @@ use onceflow_engine::{Conn, Failure, Interrupt, StepSpec, Store, WorkflowContext
 use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, Type};
 
 use super::statement::{self, PhaseDialect};
-use super::{PaymentStore, Reserve, ReserveSteps, Sql, TokenCheck, engine_error};
+use super::{PassLock, PaymentStore, Reserve, ReserveSteps, Sql, TokenCheck, TokenKind, engine_error};
 use crate::model::{
     Currency, Order, OrderNo, OrderStatus, PaymentRecord, PaymentStatus, RequestNo, StoredResponse, Token, TokenRecord,
     TokenState,
@@ -25,6 +25,65 @@ pub trait StandardSql: Store {
 
     /// Applies the payment tables' migrations (this crate's, for this backend).
     fn migrate_own(&self) -> impl Future<Output = Result<(), onceflow_engine::Error>> + Send;
+
+    /// Takes the retention pass's lock (see [`PaymentStore::lock_pass`]).
+    fn lock_pass(&self) -> impl Future<Output = Result<Option<PassLock>, sqlx::Error>> + Send;
+}
+
+/// The time a token's retention counts from: its expiry while unused, its last change (the payment's end)
+/// once used. This expression is the key of the index `tokens_retention` after the state (migration 0010),
+/// written here exactly as there so that the planner uses it.
+macro_rules! retained_from {
+    () => {
+        "(CASE WHEN state = 'issued' THEN expires_at ELSE updated_at END)"
+    };
+}
+
+/// The tokens in `$state` a retention pass may delete, those retained from `$1` or earlier. A batch takes them
+/// in the index's order (oldest first), so it is one bounded range of `tokens_retention` (without the order,
+/// Postgres may prefer a heap scan that stops at the limit, over dead rows).
+macro_rules! doomed_tokens {
+    ($state:literal) => {
+        concat!("state = '", $state, "' AND ", retained_from!(), " <= $1")
+    };
+}
+
+/// The same condition, re-checked by the outer `DELETE` on each row the batch chose, so that a row changed
+/// since the subquery read it (an expired token revived by `ensure_token`) is left alone. Written so that no
+/// index serves it (`|| ''`, `+ 0`): the rows are found by their primary key, not by a second scan of the whole
+/// due range (SQLite without statistics would choose that).
+macro_rules! still_doomed {
+    ($state:literal) => {
+        concat!("state || '' = '", $state, "' AND ", retained_from!(), " + 0 <= $1")
+    };
+}
+
+/// The SQL of [`PaymentStore::delete_tokens`] and [`PaymentStore::count_tokens`] for `kind`.
+fn token_sql(kind: TokenKind) -> (&'static str, &'static str) {
+    match kind {
+        TokenKind::Unused => (
+            concat!(
+                "DELETE FROM idempotency_tokens WHERE token IN (SELECT token FROM idempotency_tokens WHERE ",
+                doomed_tokens!("issued"),
+                " ORDER BY ",
+                retained_from!(),
+                " LIMIT $2) AND ",
+                still_doomed!("issued")
+            ),
+            concat!("SELECT count(*) FROM idempotency_tokens WHERE ", doomed_tokens!("issued")),
+        ),
+        TokenKind::Used => (
+            concat!(
+                "DELETE FROM idempotency_tokens WHERE token IN (SELECT token FROM idempotency_tokens WHERE ",
+                doomed_tokens!("completed"),
+                " ORDER BY ",
+                retained_from!(),
+                " LIMIT $2) AND ",
+                still_doomed!("completed")
+            ),
+            concat!("SELECT count(*) FROM idempotency_tokens WHERE ", doomed_tokens!("completed")),
+        ),
+    }
 }
 
 impl<S> PaymentStore for S
@@ -49,6 +108,8 @@ where
     for<'r> TokenCheck: FromRow<'r, <S::Db as Database>::Row>,
     for<'r> (i64, Option<i64>): FromRow<'r, <S::Db as Database>::Row>,
     for<'r> (String, String, i64): FromRow<'r, <S::Db as Database>::Row>,
+    for<'r> (i64,): FromRow<'r, <S::Db as Database>::Row>,
+    for<'r> i64: sqlx::Decode<'r, S::Db>,
 {
     async fn migrate_payments(&self) -> Result<(), onceflow_engine::Error> {
         self.migrate().await?;
@@ -297,6 +358,22 @@ where
         .bind(limit)
         .fetch_all(self.pool())
         .await
+    }
+
+    async fn delete_tokens(&self, kind: TokenKind, by: i64, limit: i64) -> Result<u64, sqlx::Error> {
+        let q = sqlx::query(token_sql(kind).0).bind(by).bind(limit);
+        let mut w = self.writer().await.map_err(engine_error)?;
+        let done = q.execute(&mut *w).await;
+        Ok(S::rows_affected(&w.check(done)?))
+    }
+
+    async fn count_tokens(&self, kind: TokenKind, by: i64) -> Result<u64, sqlx::Error> {
+        let (count,): (i64,) = sqlx::query_as(token_sql(kind).1).bind(by).fetch_one(self.pool()).await?;
+        Ok(u64::try_from(count).unwrap_or(0))
+    }
+
+    async fn lock_pass(&self) -> Result<Option<PassLock>, sqlx::Error> {
+        StandardSql::lock_pass(self).await
     }
 
     async fn all_orders(&self) -> Result<Vec<Order>, sqlx::Error> {

@@ -27,6 +27,8 @@ mod mq;
 mod options;
 #[path = "onceflow-bench/report.rs"]
 mod report;
+#[path = "onceflow-bench/retention.rs"]
+mod retention;
 #[path = "onceflow-bench/seed.rs"]
 mod seed;
 

@@ -19,11 +19,12 @@ use sqlx::{Executor, MySql};
 
 use super::common::{self, Cleanup};
 use super::{
-    CompensationRecord, Conn, Listener, Reopen, StepRecord, Store, Tx, WorkflowFilter, WorkflowRecord, WorkflowUpdate,
-    compensations,
+    CompensationRecord, Conn, Deleted, Listener, Reopen, StepRecord, Store, Tx, WorkflowFilter, WorkflowRecord,
+    WorkflowUpdate, compensations,
 };
 use crate::error::Result;
 
+mod gc;
 mod list;
 
 /// A query on MySQL, as the binders take and return it.
@@ -391,6 +392,14 @@ impl Store for MySqlStore {
         let row = self.select_in(&mut tx, &[workflow_id.to_owned()]).await?.pop();
         tx.commit().await?;
         Ok(row)
+    }
+
+    async fn delete_finished(&self, ended_by: i64, limit: i64) -> Result<Deleted> {
+        gc::delete_finished(self, ended_by, limit).await
+    }
+
+    async fn count_finished(&self, ended_by: i64) -> Result<Deleted> {
+        gc::count_finished(self, ended_by).await
     }
 
     async fn listen(&self) -> Result<Option<Listener>> {

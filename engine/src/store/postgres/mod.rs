@@ -13,13 +13,14 @@ use sqlx::{Postgres, Row};
 use super::common::{self, Cleanup};
 use super::held::Held;
 use super::{
-    Checkpoint, Committed, CompensationRecord, Conn, Listener, ListenerInner, Reopen, StepRecord, Store, Tx,
+    Checkpoint, Committed, CompensationRecord, Conn, Deleted, Listener, ListenerInner, Reopen, StepRecord, Store, Tx,
     WorkflowFilter, WorkflowRecord, WorkflowUpdate, Writer, compensations,
 };
 use crate::error::Result;
 use crate::phase::PhaseCommit;
 
 mod commit;
+mod gc;
 mod list;
 mod rows;
 
@@ -302,6 +303,14 @@ impl Store for PgStore {
         .await?;
         tx.commit().await?;
         Ok(Some(row))
+    }
+
+    async fn delete_finished(&self, ended_by: i64, limit: i64) -> Result<Deleted> {
+        gc::delete_finished(self, ended_by, limit).await
+    }
+
+    async fn count_finished(&self, ended_by: i64) -> Result<Deleted> {
+        gc::count_finished(self, ended_by).await
     }
 
     async fn listen(&self) -> Result<Option<Listener>> {

@@ -16,13 +16,14 @@ use self::group_commit::GroupCommit;
 use super::common::{self, Cleanup};
 use super::held::Held;
 use super::{
-    Checkpoint, Committed, CompensationRecord, Conn, Listener, Reopen, StepRecord, Store, Tx, WorkflowFilter,
+    Checkpoint, Committed, CompensationRecord, Conn, Deleted, Listener, Reopen, StepRecord, Store, Tx, WorkflowFilter,
     WorkflowRecord, WorkflowUpdate, Writer, compensations,
 };
 use crate::error::Result;
 use crate::phase::PhaseCommit;
 
 mod commit;
+mod gc;
 mod group_commit;
 mod list;
 mod rows;
@@ -312,6 +313,14 @@ impl Store for SqliteStore {
         .await?;
         tx.commit().await?;
         Ok(Some(row))
+    }
+
+    async fn delete_finished(&self, ended_by: i64, limit: i64) -> Result<Deleted> {
+        gc::delete_finished(self, ended_by, limit).await
+    }
+
+    async fn count_finished(&self, ended_by: i64) -> Result<Deleted> {
+        gc::count_finished(self, ended_by).await
     }
 
     async fn listen(&self) -> Result<Option<Listener>> {

@@ -4,7 +4,7 @@
 
 use onceflow_engine::{Conn, Failure, Interrupt, MySqlStore, StepSpec, Store, WorkflowContext};
 
-use super::{PaymentStore, Reserve, ReserveSteps, Sql, TokenCheck};
+use super::{PassLock, PaymentStore, Reserve, ReserveSteps, Sql, TokenCheck, TokenKind};
 use crate::model::{
     Order, OrderNo, OrderStatus, PaymentRecord, PaymentStatus, RequestNo, StoredResponse, Token, TokenRecord,
 };
@@ -25,6 +25,27 @@ fn inserted(result: Result<sqlx::mysql::MySqlQueryResult, sqlx::Error>) -> Resul
 /// their own in the same history).
 pub static MIGRATOR: sqlx::migrate::Migrator =
     sqlx::migrate::Migrator { ignore_missing: true, ..sqlx::migrate!("migrations/mysql") };
+
+/// The retention pass's lock. `GET_LOCK` names are server-wide, so the name carries the database's; a digest
+/// keeps it under the 64 characters a name may have.
+const PASS_LOCK: &str = "SELECT GET_LOCK(CONCAT('onceflow.gc.', MD5(DATABASE())), 0)";
+const PASS_UNLOCK: &str = "SELECT RELEASE_LOCK(CONCAT('onceflow.gc.', MD5(DATABASE())))";
+
+/// [`PaymentStore::delete_tokens`] and [`PaymentStore::count_tokens`] for `kind`: one bounded range of
+/// `tokens_expiry (state, expires_at)` or `tokens_ended (state, updated_at)` (migration 0010). A single-table
+/// `DELETE … LIMIT` locks only the rows it deletes (`READ COMMITTED`), each re-read as last committed.
+fn token_sql(kind: TokenKind) -> (&'static str, &'static str) {
+    match kind {
+        TokenKind::Unused => (
+            "DELETE FROM idempotency_tokens WHERE state = 'issued' AND expires_at <= ? ORDER BY expires_at LIMIT ?",
+            "SELECT COUNT(*) FROM idempotency_tokens WHERE state = 'issued' AND expires_at <= ?",
+        ),
+        TokenKind::Used => (
+            "DELETE FROM idempotency_tokens WHERE state = 'completed' AND updated_at <= ? ORDER BY updated_at LIMIT ?",
+            "SELECT COUNT(*) FROM idempotency_tokens WHERE state = 'completed' AND updated_at <= ?",
+        ),
+    }
+}
 
 impl PaymentStore for MySqlStore {
     async fn migrate_payments(&self) -> Result<(), onceflow_engine::Error> {
@@ -247,6 +268,23 @@ impl PaymentStore for MySqlStore {
         .bind(limit)
         .fetch_all(self.pool())
         .await
+    }
+
+    async fn delete_tokens(&self, kind: TokenKind, by: i64, limit: i64) -> Result<u64, sqlx::Error> {
+        let done = sqlx::query(token_sql(kind).0).bind(by).bind(limit).execute(self.pool()).await?;
+        Ok(done.rows_affected())
+    }
+
+    async fn count_tokens(&self, kind: TokenKind, by: i64) -> Result<u64, sqlx::Error> {
+        let count: i64 = sqlx::query_scalar(token_sql(kind).1).bind(by).fetch_one(self.pool()).await?;
+        Ok(u64::try_from(count).unwrap_or(0))
+    }
+
+    /// `GET_LOCK(name, 0)` on a connection of its own, held for the pass.
+    async fn lock_pass(&self) -> Result<Option<PassLock>, sqlx::Error> {
+        let mut conn = self.pool().acquire().await?;
+        let locked: Option<i64> = sqlx::query_scalar(PASS_LOCK).fetch_one(&mut *conn).await?;
+        Ok((locked == Some(1)).then(|| PassLock::mysql(conn, PASS_UNLOCK)))
     }
 
     async fn all_orders(&self) -> Result<Vec<Order>, sqlx::Error> {

@@ -17,18 +17,26 @@ fn request(n: u64) -> PayRequest {
     pay_request(format!("o{n}"), 1000, None)
 }
 
+/// The service as a library over `store`: the engine, the saga and the in-process mock channel.
+pub(crate) fn service<S: PaymentStore>(store: S) -> Payments<S> {
+    Payments::new(store, Arc::new(MockChannel::reliable()), EngineConfig::default())
+}
+
+/// Pays seeded order `n` with seeded token `n`, and checks it was charged.
+pub(crate) async fn pay<S: PaymentStore>(payments: &Payments<S>, n: u64) -> anyhow::Result<()> {
+    let r = payments
+        .pay("default", &Token::parse(format!("tok{n}"))?, "/v1/payments", &request(n), Duration::from_secs(30))
+        .await?;
+    anyhow::ensure!(r.status == 201, "payment {n}: {} {}", r.status, r.body);
+    Ok(())
+}
+
 /// Payments through the service as a library: the engine, the saga and the in-process mock channel.
 pub(crate) async fn run<S: PaymentStore>(name: &'static str, store: S, o: &Options) -> anyhow::Result<Run> {
-    let payments = Payments::new(store, Arc::new(MockChannel::reliable()), EngineConfig::default());
+    let payments = service(store);
     drive(name, o, move |n| {
         let payments = payments.clone();
-        async move {
-            let r = payments
-                .pay("default", &Token::parse(format!("tok{n}"))?, "/v1/payments", &request(n), Duration::from_secs(30))
-                .await?;
-            anyhow::ensure!(r.status == 201, "payment {n}: {} {}", r.status, r.body);
-            Ok(())
-        }
+        async move { pay(&payments, n).await }
     })
     .await
 }
@@ -39,5 +47,8 @@ pub(crate) async fn postgres(base: &str, pool_size: u32, o: &Options) -> anyhow:
     let store = PgStore::connect(&url, pool_size).await?;
     store.migrate_payments().await?;
     seed_pg(&url, o.count).await?;
-    run("library/postgres", store, o).await
+    match o.gc_every {
+        Some(every) => super::retention::run(store, &url, every, o).await,
+        None => run("library/postgres", store, o).await,
+    }
 }

@@ -14,6 +14,14 @@ pub(crate) struct Options {
     pub(crate) pool: Option<u32>,
     /// Times `floor_pay` and `library/postgres` run back to back, for the median of their paired ratios.
     pub(crate) rounds: u64,
+    /// `library/postgres` runs a retention pass this often, and samples the database's size and the rate
+    /// in and out of passes (`0s`: samples only, no passes).
+    pub(crate) gc_every: Option<Duration>,
+    /// The history retention of those passes.
+    pub(crate) history_retention: Duration,
+    /// A plain `VACUUM` of the tables a pass deletes from after each pass: what autovacuum does where it is
+    /// on, so that the deleted rows' space is reused (this machine's Postgres runs with `autovacuum = off`).
+    pub(crate) vacuum: bool,
 }
 
 impl Options {
@@ -33,6 +41,9 @@ pub(crate) fn parse() -> anyhow::Result<Options> {
         only: None,
         pool: None,
         rounds: 1,
+        gc_every: None,
+        history_retention: Duration::from_secs(30 * 86_400),
+        vacuum: false,
     };
     let mut i = 0;
     while i < args.len() {
@@ -45,10 +56,20 @@ pub(crate) fn parse() -> anyhow::Result<Options> {
             ("--only", _) if i + 1 < args.len() => o.only = Some(args[i + 1].clone()),
             ("--pool", Some(v)) => o.pool = Some(u32::try_from(v)?.max(2)),
             ("--rounds", Some(v)) => o.rounds = v.max(1),
+            ("--gc-every", _) if i + 1 < args.len() => o.gc_every = Some(humantime::parse_duration(&args[i + 1])?),
+            ("--history-retention", _) if i + 1 < args.len() => {
+                o.history_retention = humantime::parse_duration(&args[i + 1])?;
+            }
+            ("--vacuum", _) => {
+                o.vacuum = true;
+                i += 1;
+                continue;
+            }
             ("--help" | "-h", _) => {
                 println!(
                     "onceflow-bench [--concurrency 16] [--count 8000] [--duration-secs 60] [--storm 1000] \
-                     [--only library|http|mq|http/postgres,mq/postgres|…] [--pool CONNECTIONS] [--rounds 1]"
+                     [--only library|http|mq|http/postgres,mq/postgres|…] [--pool CONNECTIONS] [--rounds 1] \
+                     [--gc-every 10s [--history-retention 0s] [--vacuum]]"
                 );
                 std::process::exit(0);
             }
