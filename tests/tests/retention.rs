@@ -12,7 +12,7 @@ use onceflow_engine::store::state;
 use onceflow_engine::{Engine, EngineConfig, Outcome};
 use onceflow_payments::{
     MockChannel, MockChannelConfig, OrderStatus, PassReport, PayRequest, PaymentStatus, PaymentStore, Payments,
-    Retention, TokenState, payment_workflow_id,
+    Retention, TokenState, check_invariants, payment_workflow_id,
 };
 use onceflow_tests::ids::{cny, order_no, pay_request, request_no};
 use onceflow_tests::{Hooks, Steps, StepsInput, TestDb, on_every_backend};
@@ -305,7 +305,51 @@ async fn finished_histories_go_and_one_waiting_for_an_operator_stays<S: TestDb>(
     }
 }
 
+/// A payment stopped by a step mismatch (a deploy changed a step under it while its charge was in flight) ends
+/// `failed` with nothing compensated: its order is still `paying` and its charge unresolved. It waits for an
+/// operator as a `compensation_failed` one does: no pass deletes it, however late, and once the right code is
+/// back the operator's retry finishes the payment, one charge at the channel.
+async fn a_payment_stopped_by_a_step_mismatch_waits_for_its_operator<S: TestDb + PaymentStore>(store: S) {
+    let clock = ManualClock::new(T0);
+    let r = Retention { history_retention: Duration::ZERO, ..staggered() };
+    let channel = MockChannel::reliable();
+    let p = service(store.clone(), &clock, channel.clone(), r);
+    let held = channel.with_config(MockChannelConfig { hold_ms: 1_500, ..MockChannelConfig::default() });
+    let stalled = service(store.another_pool().await.unwrap(), &clock, held, r);
+    p.create_order(T, &order_no("O-1"), 1000, &cny()).await.unwrap();
+    let token = stalled.issue_token(T).await.unwrap().token;
+    let processing = stalled.pay(T, &token, ROUTE, &request("O-1"), Duration::from_millis(300)).await.unwrap();
+    assert_eq!(processing.status, 202, "{}", processing.body);
+    let workflow = payment_workflow_id(&token);
+    // The lease lapses while the charge is held; the step's history no longer matches what the code runs.
+    clock.advance(EngineConfig::default().lease.as_millis() as i64 + 1);
+    let call = "UPDATE workflow_steps SET kind = 'transactional' WHERE step_key = 'call_channel' AND workflow_id = $1";
+    assert_eq!(store.execute(call, &workflow).await.unwrap(), 1);
+    assert_eq!(p.engine().recover_once().await.unwrap(), 1);
+    let outcome = p.engine().wait(&workflow, WAIT).await.unwrap();
+    let Some(Outcome::Failed(failure)) = outcome else { panic!("got {outcome:?}") };
+    assert_eq!(failure.code, "step_mismatch");
+    assert_eq!(p.order(T, &order_no("O-1")).await.unwrap().unwrap().status, OrderStatus::Paying);
+
+    pass_at(&p, &clock, T0 + 400 * 24 * HOUR, report(0, 0, 0, 0), "a year on").await;
+    assert_eq!(store.workflow(&workflow).await.unwrap().unwrap().state, state::FAILED, "kept for its operator");
+    assert!(!store.steps(&workflow).await.unwrap().is_empty(), "with its steps");
+    // Once the held charge has landed and the right code is back, the operator's retry finishes the payment.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let call = "UPDATE workflow_steps SET kind = 'external' WHERE step_key = 'call_channel' AND workflow_id = $1";
+    assert_eq!(store.execute(call, &workflow).await.unwrap(), 1);
+    assert_eq!(p.engine().retry(&workflow).await.unwrap().state, state::RUNNING);
+    assert_eq!(p.engine().recover_once().await.unwrap(), 1);
+    assert!(matches!(p.engine().wait(&workflow, WAIT).await.unwrap(), Some(Outcome::Completed(_))));
+    assert_eq!(p.order(T, &order_no("O-1")).await.unwrap().unwrap().status, OrderStatus::Paid);
+    assert_eq!(channel.ledger().kept_charges("O-1"), 1);
+    assert!(check_invariants(&store, &channel.ledger()).await.unwrap().is_empty());
+    // Finished now: the next pass takes its history.
+    assert_eq!(p.retention_pass(false).await.unwrap().unwrap().workflows, 1);
+}
+
 on_every_backend!(
+    a_payment_stopped_by_a_step_mismatch_waits_for_its_operator,
     finished_histories_go_and_one_waiting_for_an_operator_stays,
     one_pass_at_a_time,
     each_kind_goes_exactly_when_its_retention_has_passed,

@@ -30,7 +30,10 @@ pub mod state {
     /// The states whose workflows the retention pass deletes once their history retention has passed since
     /// they ended (`updated_at`). Not `compensation_failed`: such a workflow waits for an operator (a refund
     /// that did not happen, say), so it is unfinished work and is kept until an operator's retry ends it.
-    /// A `failed` one may still be retried by an operator while it is kept: the retention is that window.
+    /// Nor a `failed` one with a compensation still `registered`: a step mismatch stops a workflow without
+    /// undoing anything (a payment's order stays `paying`, its charge unresolved), and it too waits for an
+    /// operator's retry. Any other `failed` one may still be retried by an operator while it is kept: the
+    /// retention is that window.
     pub const DELETABLE: [&str; 3] = [COMPLETED, FAILED, CANCELLED];
 }
 

@@ -3,15 +3,20 @@
 use super::{Deleted, MySqlStore, Store, placeholders};
 use crate::error::Result;
 
-/// Finished workflows ended by `?`, through `workflows_finished (state, updated_at)` (one range per state; no
+/// Finished workflows ended by `?` (a `failed` one only once nothing it registered is left to undo: see
+/// [`crate::store::state::DELETABLE`]), through `workflows_finished (state, updated_at)` (one range per state; no
 /// `ORDER BY`, so the scan stops at the limit), locked `SKIP LOCKED`: a row an operator's retry holds is left
 /// for the next pass, and a locking read sees the latest committed row, so a reopened workflow is not taken.
 const DOOMED: &str = "SELECT workflow_id FROM workflows \
-     WHERE state IN ('completed', 'failed', 'cancelled') AND updated_at <= ? LIMIT ? FOR UPDATE SKIP LOCKED";
-const COUNT_WORKFLOWS: &str =
-    "SELECT COUNT(*) FROM workflows WHERE state IN ('completed', 'failed', 'cancelled') AND updated_at <= ?";
+     WHERE state IN ('completed', 'failed', 'cancelled') AND updated_at <= ? \
+       AND (state <> 'failed' OR NOT COALESCE(JSON_CONTAINS(compensations, '{\"status\": \"registered\"}'), 0)) \
+     LIMIT ? FOR UPDATE SKIP LOCKED";
+const COUNT_WORKFLOWS: &str = "SELECT COUNT(*) FROM workflows \
+     WHERE state IN ('completed', 'failed', 'cancelled') AND updated_at <= ? \
+       AND (state <> 'failed' OR NOT COALESCE(JSON_CONTAINS(compensations, '{\"status\": \"registered\"}'), 0))";
 const COUNT_STEPS: &str = "SELECT COUNT(*) FROM workflow_steps s JOIN workflows w ON w.workflow_id = s.workflow_id \
-     WHERE w.state IN ('completed', 'failed', 'cancelled') AND w.updated_at <= ?";
+     WHERE w.state IN ('completed', 'failed', 'cancelled') AND w.updated_at <= ? \
+       AND (w.state <> 'failed' OR NOT COALESCE(JSON_CONTAINS(w.compensations, '{\"status\": \"registered\"}'), 0))";
 
 /// One batch in one short transaction: the rows locked, their steps deleted, then the rows.
 pub(super) async fn delete_finished(store: &MySqlStore, ended_by: i64, limit: i64) -> Result<Deleted> {

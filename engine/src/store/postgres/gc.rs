@@ -4,12 +4,14 @@ use super::{Deleted, PgStore};
 use crate::error::Result;
 
 /// One batch as one statement (its own short transaction): the oldest finished workflows through the partial
-/// index `workflows_finished`, locked `SKIP LOCKED` (a row an operator's retry holds is left for the next
+/// index `workflows_finished` (a `failed` one only once nothing it registered is left to undo: see
+/// [`crate::store::state::DELETABLE`]), locked `SKIP LOCKED` (a row an operator's retry holds is left for the next
 /// pass; a row that changed since the statement's snapshot is re-checked on its new version, so a reopened
 /// workflow is not deleted), then their step rows.
 const DELETE_FINISHED: &str = "WITH doomed AS ( \
        SELECT workflow_id FROM workflows \
        WHERE state IN ('completed', 'failed', 'cancelled') AND updated_at <= $1 \
+         AND (state <> 'failed' OR NOT compensations::jsonb @> '[{\"status\": \"registered\"}]') \
        ORDER BY updated_at LIMIT $2 FOR UPDATE SKIP LOCKED), \
      gone AS (DELETE FROM workflows w USING doomed WHERE w.workflow_id = doomed.workflow_id \
        RETURNING w.workflow_id), \
@@ -18,7 +20,8 @@ const DELETE_FINISHED: &str = "WITH doomed AS ( \
 
 const COUNT_FINISHED: &str = "SELECT count(*), COALESCE(sum((SELECT count(*) FROM workflow_steps s \
        WHERE s.workflow_id = w.workflow_id)), 0)::BIGINT \
-     FROM workflows w WHERE state IN ('completed', 'failed', 'cancelled') AND updated_at <= $1";
+     FROM workflows w WHERE state IN ('completed', 'failed', 'cancelled') AND updated_at <= $1 \
+       AND (state <> 'failed' OR NOT compensations::jsonb @> '[{\"status\": \"registered\"}]')";
 
 pub(super) async fn delete_finished(store: &PgStore, ended_by: i64, limit: i64) -> Result<Deleted> {
     let (workflows, steps): (i64, i64) =

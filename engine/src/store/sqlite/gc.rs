@@ -3,16 +3,22 @@
 use super::{Deleted, SqliteStore, Store};
 use crate::error::Result;
 
-/// The oldest finished workflows, through the partial index `workflows_finished`, named: without statistics
+/// The oldest finished workflows (a `failed` one only once nothing it registered is left to undo: see
+/// [`crate::store::state::DELETABLE`]), through the partial index `workflows_finished`, named: without statistics
 /// SQLite would rather take `workflows_state` for the `IN` and sort every finished workflow.
 const DOOMED: &str = "SELECT workflow_id FROM workflows INDEXED BY workflows_finished \
-     WHERE state IN ('completed', 'failed', 'cancelled') AND updated_at <= $1 ORDER BY updated_at LIMIT $2";
+     WHERE state IN ('completed', 'failed', 'cancelled') AND updated_at <= $1 \
+       AND (state <> 'failed' OR NOT EXISTS (SELECT 1 FROM json_each(compensations) \
+         WHERE json_extract(value, '$.status') = 'registered')) \
+     ORDER BY updated_at LIMIT $2";
 /// The ids travel as one JSON array.
 const DELETE_STEPS: &str = "DELETE FROM workflow_steps WHERE workflow_id IN (SELECT value FROM json_each($1))";
 const DELETE_WORKFLOWS: &str = "DELETE FROM workflows WHERE workflow_id IN (SELECT value FROM json_each($1))";
 const COUNT_FINISHED: &str = "SELECT count(*), COALESCE(sum((SELECT count(*) FROM workflow_steps s \
        WHERE s.workflow_id = w.workflow_id)), 0) \
-     FROM workflows w INDEXED BY workflows_finished WHERE state IN ('completed', 'failed', 'cancelled') AND updated_at <= $1";
+     FROM workflows w INDEXED BY workflows_finished WHERE state IN ('completed', 'failed', 'cancelled') \
+       AND updated_at <= $1 AND (state <> 'failed' OR NOT EXISTS (SELECT 1 FROM json_each(compensations) \
+         WHERE json_extract(value, '$.status') = 'registered'))";
 
 /// One batch in one `BEGIN IMMEDIATE` transaction (the single writer: nothing changes between its reads and
 /// its deletes).
