@@ -311,7 +311,12 @@ impl<S: PaymentStore> Payments<S> {
             // delivery replays and answers from here the same way.
             Some("request_no_conflict") => match self.payment(tenant, request_no).await? {
                 Some(record) if record.token != token => self.answer_of_payment(tenant, record, request, wait).await,
-                _ => Ok(response),
+                // The command's own payment, and yet a conflict: its answer and its history were deleted (past
+                // their retention), so this delivery started afresh and met its own record. What the record
+                // says, unless it failed: then the conflict stands (the record does not hold a failure's answer,
+                // and it is also what a payment whose number the channel holds for another answers).
+                Some(record) => Ok(answer_of_record(&record).unwrap_or(response)),
+                None => Ok(response),
             },
             _ => Ok(response),
         }
@@ -358,16 +363,23 @@ impl<S: PaymentStore> Payments<S> {
             Err(e) => return Err(e.into()),
         }
         // Neither the token's response nor the workflow is kept any more: what the record says.
-        Ok(match record.status {
-            PaymentStatus::Succeeded => {
-                PayResponse { status: 201, body: record.body().render(), replayed: true, location: None }
-            }
-            PaymentStatus::Processing => processing(&record),
-            _ => {
-                let detail = format!("request_no {} is already used by another payment", record.request_no);
-                PayResponse::problem(409, "request_no_conflict", "Request number in use", &detail)
-            }
-        })
+        Ok(answer_of_record(&record).unwrap_or_else(|| {
+            let detail = format!("request_no {} is already used by another payment", record.request_no);
+            PayResponse::problem(409, "request_no_conflict", "Request number in use", &detail)
+        }))
+    }
+}
+
+/// A payment's answer from its record alone, for when neither its token's stored answer nor its workflow is kept:
+/// a charge (`201`, the bytes it was answered with), a decline (`402`, likewise), a payment still running
+/// (`202`); `None` for a failed one, whose answer the record does not hold.
+fn answer_of_record(record: &PaymentRecord) -> Option<PayResponse> {
+    let replayed = |r: StoredResponse| PayResponse { replayed: true, ..PayResponse::fresh(r) };
+    match record.status {
+        PaymentStatus::Succeeded => Some(replayed(StoredResponse { status: 201, body: record.body().render() })),
+        PaymentStatus::Declined => Some(replayed(Problem::declined(record.decline_code.clone()).response())),
+        PaymentStatus::Processing => Some(processing(record)),
+        PaymentStatus::Failed => None,
     }
 }
 

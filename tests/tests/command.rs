@@ -7,8 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use onceflow_engine::EngineConfig;
+use onceflow_engine::clock::ManualClock;
 use onceflow_payments::{
-    MockChannel, MockChannelConfig, PayRequest, PaymentStore, Payments, Token, TokenRecord, TokenState,
+    MockChannel, MockChannelConfig, PayRequest, PaymentStore, Payments, Retention, Token, TokenRecord, TokenState,
     check_invariants,
 };
 use onceflow_tests::ids::{cny, order_no, pay_request, request_no};
@@ -126,7 +127,50 @@ async fn a_command_for_an_unknown_order_keeps_its_answer<S: TestDb + PaymentStor
     assert_eq!(channel.ledger().charge_calls, 0);
 }
 
+/// A command sent again once its answer and its history are deleted (past the response and the history
+/// retentions: a rerun job, a replay from a dead-letter queue) is still its own payment, never "another
+/// payment's number" and never a second charge: a charge and a decline answer the same bytes as before, and
+/// keep doing so.
+async fn a_command_sent_again_after_its_retention_is_its_own_payment<S: TestDb + PaymentStore>(store: S) {
+    const HOUR: i64 = 3_600_000;
+    let clock = ManualClock::new(1_700_000_000_000);
+    let retention = Retention {
+        token_ttl: Duration::from_secs(3600),
+        response_retention: Duration::from_secs(2 * 3600),
+        history_retention: Duration::from_secs(3 * 3600),
+    };
+    let channel = MockChannel::reliable();
+    let declining = channel.with_config(MockChannelConfig { decline_rate: 1.0, ..MockChannelConfig::default() });
+    let service = |channel: MockChannel| {
+        Payments::with_clock(store.clone(), Arc::new(channel), EngineConfig::default(), clock.clone())
+            .with_retention(retention)
+    };
+    let (p, d) = (service(channel.clone()), service(declining));
+    for order in ["O-1", "O-2"] {
+        p.create_order(T, &order_no(order), 1000, &cny()).await.unwrap();
+    }
+    let paid = p.pay_command(T, &request("O-1", 1000, Some("R-1")), WAIT).await.unwrap();
+    assert_eq!(paid.status, 201, "{}", paid.body);
+    let declined = d.pay_command(T, &request("O-2", 1000, Some("R-2")), WAIT).await.unwrap();
+    assert_eq!((declined.status, code(&declined.body)), (402, "payment_declined".into()));
+    clock.advance(4 * HOUR);
+    let pass = p.retention_pass(false).await.unwrap().unwrap();
+    assert_eq!((pass.used_tokens, pass.workflows), (2, 2), "{pass:?}");
+    for _ in 0..2 {
+        let again = p.pay_command(T, &request("O-1", 1000, Some("R-1")), WAIT).await.unwrap();
+        assert_eq!((again.status, &again.body), (201, &paid.body), "the charge, as first answered");
+        let again = p.pay_command(T, &request("O-2", 1000, Some("R-2")), WAIT).await.unwrap();
+        assert_eq!((again.status, &again.body), (402, &declined.body), "the decline, as first answered");
+    }
+    let other = p.pay_command(T, &request("O-1", 999, Some("R-1")), WAIT).await.unwrap();
+    assert_eq!((other.status, code(&other.body)), (422, "idempotency_key_mismatch".into()));
+    assert_eq!(channel.ledger().kept_charges("O-1"), 1);
+    assert_eq!(channel.ledger().charge_calls, 2, "one call per command, none after");
+    assert!(check_invariants(&store, &channel.ledger()).await.unwrap().is_empty());
+}
+
 on_every_backend!(
+    a_command_sent_again_after_its_retention_is_its_own_payment,
     a_command_for_an_unknown_order_keeps_its_answer,
     fifty_deliveries_of_one_command_charge_once,
     a_command_under_an_http_number_is_that_payment,

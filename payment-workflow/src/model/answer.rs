@@ -84,6 +84,14 @@ impl Problem {
         Self { status, code: code.to_owned(), title: title.to_owned(), detail: detail.to_owned(), decline_code: None }
     }
 
+    /// `402` `payment_declined`: the channel declined the charge, for the channel's reason (`declined` when it
+    /// gave none).
+    pub fn declined(decline_code: Option<String>) -> Self {
+        let mut declined = Self::new(402, "payment_declined", "Payment declined", "the channel declined the payment");
+        declined.decline_code = Some(decline_code.unwrap_or_else(|| "declined".to_owned()));
+        declined
+    }
+
     /// The body: `application/problem+json`.
     pub fn body(&self) -> String {
         let body = ProblemBody {

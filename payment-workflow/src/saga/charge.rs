@@ -38,12 +38,7 @@ impl ChargeOutcome {
     pub(super) fn charge_id(self, i: &PaymentInput) -> Result<String, Interrupt> {
         let answer = match self {
             Self::Charged { charge_id } => return Ok(charge_id),
-            Self::Declined { decline_code } => {
-                let detail = "the channel declined the payment";
-                let mut declined = Problem::new(402, "payment_declined", "Payment declined", detail);
-                declined.decline_code = Some(decline_code.unwrap_or_else(|| "declined".to_owned()));
-                declined
-            }
+            Self::Declined { decline_code } => Problem::declined(decline_code),
             Self::Refused { status, body, .. } => {
                 // The channel's answer stays in the step's output and the log, never in the client's problem.
                 tracing::warn!(request_no = %i.request_no, status, %body, "the channel refused the charge");
