@@ -9,8 +9,8 @@ use std::time::Duration;
 use onceflow_engine::EngineConfig;
 use onceflow_engine::clock::ManualClock;
 use onceflow_payments::{
-    MockChannel, MockChannelConfig, PayRequest, PaymentStore, Payments, Retention, Token, TokenRecord, TokenState,
-    check_invariants,
+    MockChannel, MockChannelConfig, PayRequest, PaymentStore, Payments, Retention, Token, TokenKind, TokenRecord,
+    TokenState, check_invariants,
 };
 use onceflow_tests::ids::{cny, order_no, pay_request, request_no};
 use onceflow_tests::{TestDb, on_every_backend};
@@ -169,7 +169,39 @@ async fn a_command_sent_again_after_its_retention_is_its_own_payment<S: TestDb +
     assert!(check_invariants(&store, &channel.ledger()).await.unwrap().is_empty());
 }
 
+/// A command delivered again while a retention pass deletes its expired, unused token: whichever comes first,
+/// once `ensure_token` returns the token is there and lives (else the delivery is refused as an unknown token,
+/// answered `404` and acknowledged, and never paid).
+async fn a_token_ensured_while_a_pass_deletes_it_lives<S: TestDb + PaymentStore>(store: S) {
+    let gc = store.another_pool().await.unwrap();
+    let record = |token: &Token, created_at: i64, expires_at: i64| TokenRecord {
+        token: token.clone(),
+        tenant: T.into(),
+        state: TokenState::Issued,
+        fingerprint: None,
+        route: None,
+        response_status: None,
+        response_body: None,
+        created_at,
+        expires_at,
+        updated_at: created_at,
+    };
+    for i in 0..200 {
+        let token = command_token(T, &format!("R-{i}"));
+        store.ensure_token(&record(&token, 1_000, 2_000)).await.unwrap();
+        let again = record(&token, 3_000, 9_000);
+        let (deleted, ensured) =
+            tokio::join!(gc.delete_tokens(TokenKind::Unused, 3_000, 500), store.ensure_token(&again));
+        deleted.unwrap();
+        ensured.unwrap();
+        let found = store.token_and_order(&token, T, &order_no("none")).await.unwrap();
+        let (live, _) = found.unwrap_or_else(|| panic!("round {i}: the ensured token is gone"));
+        assert_eq!((live.state, live.expires_at), (TokenState::Issued, 9_000), "round {i}");
+    }
+}
+
 on_every_backend!(
+    a_token_ensured_while_a_pass_deletes_it_lives,
     a_command_sent_again_after_its_retention_is_its_own_payment,
     a_command_for_an_unknown_order_keeps_its_answer,
     fifty_deliveries_of_one_command_charge_once,

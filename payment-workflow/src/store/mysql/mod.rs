@@ -156,9 +156,17 @@ impl PaymentStore for MySqlStore {
     }
 
     async fn ensure_token(&self, t: &TokenRecord) -> Result<(), sqlx::Error> {
-        let done = sqlx::query(
+        // One statement: the row is inserted, or revived under its lock, or left alone. (An insert whose
+        // duplicate was then revived by an update of its own raced a retention pass that deleted the expired
+        // token in between: the update found nothing, and the command was refused as an unknown token.)
+        // `updated_at` is assigned first: MySQL evaluates the assignments in order, and the condition reads
+        // `expires_at`.
+        sqlx::query(
             "INSERT INTO idempotency_tokens (token, tenant, state, fingerprint, route, response_status, \
-             response_body, created_at, expires_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+             response_body, created_at, expires_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) \
+             ON DUPLICATE KEY UPDATE \
+               updated_at = IF(state = 'issued' AND expires_at <= VALUES(created_at), VALUES(updated_at), updated_at), \
+               expires_at = IF(state = 'issued' AND expires_at <= VALUES(created_at), VALUES(expires_at), expires_at)",
         )
         .bind(&t.token)
         .bind(&t.tenant)
@@ -170,21 +178,6 @@ impl PaymentStore for MySqlStore {
         .bind(t.created_at)
         .bind(t.expires_at)
         .bind(t.updated_at)
-        .execute(self.write_pool())
-        .await;
-        // A duplicate key is the token of an earlier delivery: caught, not `INSERT IGNORE`, which would also
-        // turn other errors into warnings.
-        if inserted(done)? {
-            return Ok(());
-        }
-        sqlx::query(
-            "UPDATE idempotency_tokens SET expires_at = ?, updated_at = ? \
-             WHERE token = ? AND state = 'issued' AND expires_at <= ?",
-        )
-        .bind(t.expires_at)
-        .bind(t.updated_at)
-        .bind(&t.token)
-        .bind(t.created_at)
         .execute(self.write_pool())
         .await?;
         Ok(())
