@@ -126,7 +126,9 @@ impl<S: PaymentStore> Payments<S> {
             (TokenKind::Used, used_by, &mut report.used_tokens, "used_tokens"),
         ] {
             loop {
-                let rows = store.delete_tokens(kind, by, BATCH).await?;
+                let rows =
+                    crate::error::again_if_transient(|| async { Ok(store.delete_tokens(kind, by, BATCH).await?) })
+                        .await?;
                 *total += rows;
                 deleted(label, rows);
                 if rows < u64::try_from(BATCH).unwrap_or(u64::MAX) {
@@ -136,7 +138,10 @@ impl<S: PaymentStore> Payments<S> {
             }
         }
         loop {
-            let batch = self.engine().delete_finished_before(history_by, BATCH).await?;
+            let batch = crate::error::again_if_transient(|| async {
+                Ok(self.engine().delete_finished_before(history_by, BATCH).await?)
+            })
+            .await?;
             report.workflows += batch.workflows;
             report.steps += batch.steps;
             deleted("workflows", batch.workflows);

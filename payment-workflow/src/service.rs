@@ -290,7 +290,10 @@ impl<S: PaymentStore> Payments<S> {
         };
         let token = Token::of_command(tenant, request_no);
         let now = self.now();
-        self.store().ensure_token(&unused_token(tenant, &token, now, self.token_ttl())).await?;
+        let unused = unused_token(tenant, &token, now, self.token_ttl());
+        // Ensured under the row's lock, which a retention pass deleting expired tokens may hold too (MySQL
+        // deadlocks the two; either may be undone): tried again rather than sending the command back.
+        crate::error::again_if_transient(|| async { Ok(self.store().ensure_token(&unused).await?) }).await?;
         let mut response = self.pay(tenant, &token, COMMAND_ROUTE, request, wait).await?;
         if problem_code(&response).as_deref() == Some("order_not_found") {
             // Nothing was recorded, so over HTTP the token stays usable; a command's answer is kept instead, so

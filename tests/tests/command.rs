@@ -7,10 +7,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use onceflow_engine::EngineConfig;
-use onceflow_engine::clock::ManualClock;
+use onceflow_engine::clock::{Clock, ManualClock};
 use onceflow_payments::{
-    MockChannel, MockChannelConfig, PayRequest, PaymentStore, Payments, Retention, Token, TokenKind, TokenRecord,
-    TokenState, check_invariants,
+    MockChannel, MockChannelConfig, PayRequest, PaymentStore, Payments, Retention, Token, TokenRecord, TokenState,
+    check_invariants,
 };
 use onceflow_tests::ids::{cny, order_no, pay_request, request_no};
 use onceflow_tests::{TestDb, on_every_backend};
@@ -169,39 +169,46 @@ async fn a_command_sent_again_after_its_retention_is_its_own_payment<S: TestDb +
     assert!(check_invariants(&store, &channel.ledger()).await.unwrap().is_empty());
 }
 
-/// A command delivered again while a retention pass deletes its expired, unused token: whichever comes first,
-/// once `ensure_token` returns the token is there and lives (else the delivery is refused as an unknown token,
-/// answered `404` and acknowledged, and never paid).
-async fn a_token_ensured_while_a_pass_deletes_it_lives<S: TestDb + PaymentStore>(store: S) {
-    let gc = store.another_pool().await.unwrap();
-    let record = |token: &Token, created_at: i64, expires_at: i64| TokenRecord {
-        token: token.clone(),
-        tenant: T.into(),
-        state: TokenState::Issued,
-        fingerprint: None,
-        route: None,
-        response_status: None,
-        response_body: None,
-        created_at,
-        expires_at,
-        updated_at: created_at,
+/// A command delivered again while a retention pass deletes its expired, unused token (its command waited in the
+/// queue past the ttl): whichever comes first, the command is paid, and the pass finishes. (Refused as an unknown
+/// token, it would be answered `404`, acknowledged, and never paid.)
+async fn a_command_delivered_while_a_pass_deletes_its_token_is_paid<S: TestDb + PaymentStore>(store: S) {
+    const HOUR: i64 = 3_600_000;
+    let clock = ManualClock::new(1_700_000_000_000);
+    let retention = Retention { token_ttl: Duration::from_secs(3600), ..Retention::default() };
+    let service = |store: S| {
+        Payments::with_clock(store, Arc::new(MockChannel::reliable()), EngineConfig::default(), clock.clone())
+            .with_retention(retention)
     };
-    for i in 0..200 {
-        let token = command_token(T, &format!("R-{i}"));
-        store.ensure_token(&record(&token, 1_000, 2_000)).await.unwrap();
-        let again = record(&token, 3_000, 9_000);
-        let (deleted, ensured) =
-            tokio::join!(gc.delete_tokens(TokenKind::Unused, 3_000, 500), store.ensure_token(&again));
-        deleted.unwrap();
-        ensured.unwrap();
-        let found = store.token_and_order(&token, T, &order_no("none")).await.unwrap();
-        let (live, _) = found.unwrap_or_else(|| panic!("round {i}: the ensured token is gone"));
-        assert_eq!((live.state, live.expires_at), (TokenState::Issued, 9_000), "round {i}");
+    let (p, gc) = (service(store.clone()), service(store.another_pool().await.unwrap()));
+    for i in 0..100 {
+        let (order, number) = (format!("O-{i}"), format!("R-{i}"));
+        p.create_order(T, &order_no(&order), 1000, &cny()).await.unwrap();
+        let now = clock.now_ms();
+        let expired = TokenRecord {
+            token: command_token(T, &number),
+            tenant: T.into(),
+            state: TokenState::Issued,
+            fingerprint: None,
+            route: None,
+            response_status: None,
+            response_body: None,
+            created_at: now,
+            expires_at: now + HOUR,
+            updated_at: now,
+        };
+        store.ensure_token(&expired).await.unwrap();
+        clock.advance(2 * HOUR);
+        let command = request(&order, 1000, Some(&number));
+        let (pass, paid) = tokio::join!(gc.retention_pass(false), p.pay_command(T, &command, WAIT));
+        pass.unwrap();
+        let paid = paid.unwrap();
+        assert_eq!(paid.status, 201, "round {i}: {}", paid.body);
     }
 }
 
 on_every_backend!(
-    a_token_ensured_while_a_pass_deletes_it_lives,
+    a_command_delivered_while_a_pass_deletes_its_token_is_paid,
     a_command_sent_again_after_its_retention_is_its_own_payment,
     a_command_for_an_unknown_order_keeps_its_answer,
     fifty_deliveries_of_one_command_charge_once,

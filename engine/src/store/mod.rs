@@ -22,6 +22,7 @@ mod postgres;
 mod records;
 mod sqlite;
 
+pub use crate::error::is_transient;
 pub use held::Writer;
 pub use mysql::{MIGRATOR as MYSQL_MIGRATOR, MySqlStore};
 pub use page::{Cursor, WorkflowFilter};
