@@ -108,6 +108,20 @@ pub(crate) fn push_value_rows(sql: &mut String, rows: usize, cols: usize, first:
     }
 }
 
+/// `migrator` without sqlx's own lock, for a backend that takes its migration lock itself (on the connection the
+/// migrations then run on): sqlx's waits inside one statement (Postgres: deadlocking an index built
+/// `CONCURRENTLY`), or is not taken at all (MariaDB answers `GET_LOCK(…, -1)` with `NULL`).
+pub(crate) fn without_lock(migrator: &'static sqlx::migrate::Migrator) -> sqlx::migrate::Migrator {
+    sqlx::migrate::Migrator {
+        migrations: std::borrow::Cow::Borrowed(&*migrator.migrations),
+        ignore_missing: migrator.ignore_missing,
+        locking: false,
+        no_tx: migrator.no_tx,
+        table_name: migrator.table_name.clone(),
+        create_schemas: migrator.create_schemas.clone(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

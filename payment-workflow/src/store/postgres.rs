@@ -24,8 +24,7 @@ impl StandardSql for PgStore {
     }
 
     async fn migrate_own(&self) -> Result<(), onceflow_engine::Error> {
-        MIGRATOR.run(self.write_pool()).await?;
-        Ok(())
+        self.run_migrations(&MIGRATOR).await
     }
 
     /// A session-level advisory lock on a connection of its own, held for the pass (a pass's batches run on

@@ -26,6 +26,7 @@ use crate::error::Result;
 
 mod gc;
 mod list;
+mod migrate;
 
 /// A query on MySQL, as the binders take and return it.
 type MySqlQuery<'q> = sqlx::query::Query<'q, MySql, MySqlArguments>;
@@ -85,6 +86,13 @@ pub struct MySqlStore {
 }
 
 impl MySqlStore {
+    /// Applies `migrator`'s migrations not yet applied, one process at a time (a lock of its own: sqlx's is not
+    /// taken on MariaDB, see `migrate.rs`). For the migrations of the crates on top of the engine, which share
+    /// its history table.
+    pub async fn run_migrations(&self, migrator: &'static sqlx::migrate::Migrator) -> Result<()> {
+        migrate::run(&self.pool, migrator).await
+    }
+
     /// Connects a pool of up to `max_connections` to `url` (`mysql://…`, or `mariadb://…`).
     pub async fn connect(url: &str, max_connections: u32) -> Result<Self> {
         let url = match url.strip_prefix("mariadb://") {
@@ -202,8 +210,7 @@ impl Store for MySqlStore {
     }
 
     async fn migrate(&self) -> Result<()> {
-        MIGRATOR.run(&self.pool).await?;
-        Ok(())
+        self.run_migrations(&MIGRATOR).await
     }
 
     async fn begin(&self) -> Result<Tx<Self>> {

@@ -22,6 +22,7 @@ use crate::phase::PhaseCommit;
 mod commit;
 mod gc;
 mod list;
+mod migrate;
 mod rows;
 
 /// The engine's embedded Postgres migrations (its tables only: each crate migrates its own, so this one
@@ -73,6 +74,14 @@ impl PgStore {
         Ok(q.fetch_all(conn).await?.join("\n"))
     }
 
+    /// Applies `migrator`'s migrations not yet applied, one process at a time: the migration lock is tried
+    /// rather than waited for, so that processes starting together do not deadlock an index built
+    /// `CONCURRENTLY`, and an index such a build left INVALID is built again (see `migrate.rs`). For the
+    /// migrations of the crates on top of the engine, which share its history table.
+    pub async fn run_migrations(&self, migrator: &'static sqlx::migrate::Migrator) -> Result<()> {
+        migrate::run(&self.pool, migrator).await
+    }
+
     /// A store over an existing pool.
     pub fn from_pool(pool: sqlx::PgPool) -> Self {
         // A quarter of the connections, at least two, stay in the pool for reads and transactions.
@@ -109,8 +118,7 @@ impl Store for PgStore {
     }
 
     async fn migrate(&self) -> Result<()> {
-        MIGRATOR.run(&self.pool).await?;
-        Ok(())
+        self.run_migrations(&MIGRATOR).await
     }
 
     async fn begin(&self) -> Result<Tx<Self>> {

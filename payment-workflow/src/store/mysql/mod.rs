@@ -50,8 +50,7 @@ fn token_sql(kind: TokenKind) -> (&'static str, &'static str) {
 impl PaymentStore for MySqlStore {
     async fn migrate_payments(&self) -> Result<(), onceflow_engine::Error> {
         self.migrate().await?;
-        MIGRATOR.run(self.write_pool()).await?;
-        Ok(())
+        self.run_migrations(&MIGRATOR).await
     }
 
     async fn reserve(
