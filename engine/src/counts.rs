@@ -36,10 +36,17 @@ impl<S: Store> Engine<S> {
         if stale && !self.core.counting.swap(true, Ordering::AcqRel) {
             let engine = self.clone();
             tokio::spawn(async move {
-                if let Err(e) = engine.refresh_counts().await {
+                // Cleared however the count ends (a panic included), or no count would ever start again.
+                struct Counting<S: Store>(Engine<S>);
+                impl<S: Store> Drop for Counting<S> {
+                    fn drop(&mut self) {
+                        self.0.core.counting.store(false, Ordering::Release);
+                    }
+                }
+                let counting = Counting(engine);
+                if let Err(e) = counting.0.refresh_counts().await {
                     tracing::warn!(error = %e, "counting workflows by state failed");
                 }
-                engine.core.counting.store(false, Ordering::Release);
             });
         }
         last

@@ -34,17 +34,26 @@ impl PassLock {
         Self { held: Some(Held::MySql(conn, unlock)) }
     }
 
-    /// Releases the lock, and returns its connection to the pool (or, if the release failed, closes it).
+    /// Releases the lock; its connection is then closed (it was marked so when taken, so that no way of ending
+    /// a pass — a failed release, a cancelled future, a panic — returns it to the pool still locked).
     pub async fn release(mut self) -> Result<(), sqlx::Error> {
         let released = match &mut self.held {
-            Some(Held::Postgres(conn, unlock)) => sqlx::query(*unlock).execute(&mut **conn).await.map(drop),
-            Some(Held::MySql(conn, unlock)) => sqlx::query(*unlock).execute(&mut **conn).await.map(drop),
-            None => Ok(()),
+            Some(Held::Postgres(conn, unlock)) => {
+                sqlx::query_scalar::<_, Option<bool>>(*unlock).fetch_one(&mut **conn).await.map(|r| r == Some(true))
+            }
+            Some(Held::MySql(conn, unlock)) => {
+                sqlx::query_scalar::<_, Option<i64>>(*unlock).fetch_one(&mut **conn).await.map(|r| r == Some(1))
+            }
+            None => Ok(true),
         };
-        if released.is_ok() {
-            self.held = None;
+        match released {
+            Ok(true) => self.held = None,
+            // The session no longer held it (a pooler that moved the session, say): say so, since every later
+            // pass of every process would find the lock taken while that session lives.
+            Ok(false) => tracing::warn!("the retention lock was not held by its session when released"),
+            Err(_) => {}
         }
-        released
+        released.map(drop)
     }
 }
 

@@ -31,6 +31,9 @@ impl StandardSql for PgStore {
     /// other connections, each its own short transaction).
     async fn lock_pass(&self) -> Result<Option<PassLock>, sqlx::Error> {
         let mut conn = self.pool().acquire().await?;
+        // Closed, not pooled, however the pass ends: even if this future is dropped between the lock and the
+        // [`PassLock`] that would release it.
+        conn.close_on_drop();
         let locked: bool = sqlx::query_scalar(PASS_LOCK).fetch_one(&mut *conn).await?;
         Ok(locked.then(|| PassLock::postgres(conn, PASS_UNLOCK)))
     }

@@ -275,6 +275,9 @@ impl PaymentStore for MySqlStore {
     /// `GET_LOCK(name, 0)` on a connection of its own, held for the pass.
     async fn lock_pass(&self) -> Result<Option<PassLock>, sqlx::Error> {
         let mut conn = self.pool().acquire().await?;
+        // Closed, not pooled, however the pass ends: even if this future is dropped between the lock and the
+        // [`PassLock`] that would release it.
+        conn.close_on_drop();
         let locked: Option<i64> = sqlx::query_scalar(PASS_LOCK).fetch_one(&mut *conn).await?;
         Ok((locked == Some(1)).then(|| PassLock::mysql(conn, PASS_UNLOCK)))
     }
