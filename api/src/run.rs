@@ -275,7 +275,14 @@ async fn migrate(db: DatabaseArgs) -> Result<(), Failure> {
 
 async fn gc(args: GcArgs) -> Result<(), Failure> {
     let task = crate::gc::Gc { retention: args.retention.retention(), dry_run: args.dry_run };
-    with_database(&args.database, task).await?.map_err(Failure::Other)
+    if !args.dry_run {
+        return with_database(&args.database, task).await?.map_err(Failure::Other);
+    }
+    // A dry run changes nothing, the schema included (an operator's look during a rolling deploy).
+    let channel = Arc::new(MockChannel::reliable());
+    let url = &args.database.database_url;
+    let counted = crate::database::with_payments_as_is(url, channel, EngineConfig::default(), 2, task).await?;
+    counted.map_err(|e| Failure::Other(e.context("is the database migrated? run `onceflow migrate` first")))
 }
 
 async fn mock_channel(args: MockChannelArgs) -> Result<(), Failure> {

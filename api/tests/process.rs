@@ -143,13 +143,13 @@ async fn workflows_show_prints_the_view_readably() {
     assert!(!printed.contains(&token), "the token is never shown: {printed}");
 }
 
-/// `workflows list` and `show` only read: they never migrate the database they are pointed at (an operator's
-/// look during a rolling deploy must not change its schema), and on a database without onceflow's tables they
-/// say so and exit non-zero.
+/// `workflows list`, `show` and `gc --dry-run` only read: they never migrate the database they are pointed at (an
+/// operator's look during a rolling deploy must not change its schema), and on a database without onceflow's
+/// tables they say so and exit non-zero.
 #[tokio::test]
 async fn read_only_commands_do_not_migrate() {
     let url = database("sqlite").await.unwrap();
-    for args in [vec!["workflows", "list"], vec!["workflows", "show", "pay:none"]] {
+    for args in [vec!["workflows", "list"], vec!["workflows", "show", "pay:none"], vec!["gc", "--dry-run"]] {
         let out = Command::new(ONCEFLOW).args(&args).args(["--database-url", &url]).output().unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{args:?} on an empty database: {stderr}");
