@@ -94,7 +94,7 @@ impl IntoResponse for ApiError {
 impl From<onceflow_payments::Error> for ApiError {
     fn from(e: onceflow_payments::Error) -> Self {
         match e {
-            onceflow_payments::Error::Invalid(detail) => Self::invalid(detail),
+            onceflow_payments::Error::Invalid(invalid) => Self::invalid(invalid.to_string()),
             onceflow_payments::Error::OrderConflict(order_no) => Self::new(
                 StatusCode::CONFLICT,
                 "order_conflict",

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use onceflow_engine::EngineConfig;
 use onceflow_payments::{
-    Channel, HttpChannel, MockChannel, MockChannelConfig, PaymentStore, Payments, mock_channel_router,
+    Channel, HttpChannel, MockChannel, MockChannelConfig, PaymentStore, Payments, RequestNo, mock_channel_router,
 };
 
 use crate::config::{
@@ -185,7 +185,7 @@ fn spawn_unresolved_warnings<S: PaymentStore>(
     let period = threshold.clamp(Duration::from_millis(100), Duration::from_secs(30));
     let threshold_ms = i64::try_from(threshold.as_millis()).unwrap_or(i64::MAX);
     tokio::spawn(async move {
-        let mut warned: std::collections::HashSet<(String, String)> = std::collections::HashSet::new();
+        let mut warned: std::collections::HashSet<(String, RequestNo)> = std::collections::HashSet::new();
         let mut tick = tokio::time::interval(period);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {

@@ -16,11 +16,11 @@ pub enum Error {
     #[error("storage unavailable: {0}")]
     Unavailable(&'static str),
     /// A request field is invalid (`400`, not stored).
-    #[error("{0}")]
-    Invalid(String),
+    #[error(transparent)]
+    Invalid(#[from] crate::model::InvalidField),
     /// The order exists with other fields (`409 order_conflict`).
     #[error("order {0} exists with other fields")]
-    OrderConflict(String),
+    OrderConflict(crate::model::OrderNo),
 }
 
 impl Error {

@@ -120,7 +120,7 @@ impl<S: PaymentStore> Payments<S> {
         amount: i64,
         currency: &Currency,
     ) -> Result<(Order, bool)> {
-        let amount = positive_amount(amount).map_err(|e| Error::Invalid(e.to_string()))?;
+        let amount = positive_amount(amount)?;
         let now = self.now();
         let order = Order {
             tenant: tenant.to_owned(),
@@ -139,7 +139,7 @@ impl<S: PaymentStore> Payments<S> {
             .await?
             .ok_or_else(|| Error::Unavailable("the order vanished after its insert"))?;
         if !created && (existing.amount != amount || existing.currency != *currency) {
-            return Err(Error::OrderConflict(order_no.to_string()));
+            return Err(Error::OrderConflict(order_no.clone()));
         }
         Ok((existing, created))
     }

@@ -200,7 +200,7 @@ pub trait PaymentStore: Store {
         &self,
         created_before: i64,
         limit: i64,
-    ) -> impl Future<Output = Result<Vec<(String, String, i64)>, sqlx::Error>> + Send;
+    ) -> impl Future<Output = Result<Vec<(String, RequestNo, i64)>, sqlx::Error>> + Send;
     /// Deletes up to `limit` tokens of `kind` whose retention ended at or before `by` (ms: for unused tokens,
     /// now; for used ones, now minus the response retention), in one short statement; how many. A token that
     /// changed meanwhile (revived, claimed) is deleted only if it still qualifies.

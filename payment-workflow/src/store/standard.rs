@@ -107,7 +107,7 @@ where
     for<'r> PaymentRecord: FromRow<'r, <S::Db as Database>::Row>,
     for<'r> TokenCheck: FromRow<'r, <S::Db as Database>::Row>,
     for<'r> (i64, Option<i64>): FromRow<'r, <S::Db as Database>::Row>,
-    for<'r> (String, String, i64): FromRow<'r, <S::Db as Database>::Row>,
+    for<'r> (String, RequestNo, i64): FromRow<'r, <S::Db as Database>::Row>,
     for<'r> (i64,): FromRow<'r, <S::Db as Database>::Row>,
     for<'r> i64: sqlx::Decode<'r, S::Db>,
 {
@@ -349,7 +349,7 @@ where
         &self,
         created_before: i64,
         limit: i64,
-    ) -> Result<Vec<(String, String, i64)>, sqlx::Error> {
+    ) -> Result<Vec<(String, RequestNo, i64)>, sqlx::Error> {
         sqlx::query_as(
             "SELECT tenant, request_no, created_at FROM payments \
              WHERE status = 'processing' AND created_at <= $1 ORDER BY created_at LIMIT $2",

@@ -251,7 +251,7 @@ impl PaymentStore for MySqlStore {
         &self,
         created_before: i64,
         limit: i64,
-    ) -> Result<Vec<(String, String, i64)>, sqlx::Error> {
+    ) -> Result<Vec<(String, RequestNo, i64)>, sqlx::Error> {
         sqlx::query_as(
             "SELECT tenant, request_no, created_at FROM payments \
              WHERE status = 'processing' AND created_at <= ? ORDER BY created_at LIMIT ?",
