@@ -240,6 +240,42 @@ mod a_saturated_pool_does_not_starve_the_heartbeat {
     onceflow_tests::backend_test!(mysql, a_saturated_pool_does_not_starve_the_heartbeat);
 }
 
+/// Every connection of the pool taken: the recovery scan still claims a workflow whose run died (its lease
+/// expired), on a connection of its own, instead of failing on the pool's timeout scan after scan.
+async fn a_saturated_pool_does_not_starve_the_recovery_scan<S: TestDb>(store: S) {
+    let (reached, mut reach) = mpsc::unbounded_channel();
+    let gate = Arc::new(Semaphore::new(0));
+    let config = EngineConfig { lease: LEASE, ..EngineConfig::default() };
+    let gated = || Gated { reached: reached.clone(), gate: gate.clone() };
+    // A process whose run stops in its call and that never heartbeats (it died, as far as the lease can tell).
+    let dead = Engine::builder(store.another_pool().await.unwrap()).register(gated()).config(config.clone()).build();
+    dead.start::<Gated>("orphan", &()).await.unwrap();
+    tokio::time::timeout(BOUND, reach.recv()).await.expect("the first run reached its call");
+    tokio::time::sleep(LEASE * 2).await;
+    let engine = Engine::builder(store.clone()).register(gated()).config(config).build();
+    let mut writers = Vec::new();
+    while let Ok(Ok(w)) = tokio::time::timeout(Duration::from_millis(200), store.writer()).await {
+        writers.push(w);
+    }
+    let mut connections = Vec::new();
+    while let Ok(Ok(c)) = tokio::time::timeout(Duration::from_millis(200), store.pool().acquire()).await {
+        connections.push(c);
+    }
+    let claimed = tokio::time::timeout(BOUND, engine.recover_once()).await.expect("the scan returned");
+    assert_eq!(claimed.expect("the scan ran while the pool was taken"), 1);
+    drop((writers, connections));
+    tokio::time::timeout(BOUND, reach.recv()).await.expect("the second run reached its call");
+    gate.add_permits(2);
+    let outcome = engine.wait("orphan", BOUND).await.unwrap();
+    assert_eq!(outcome, Some(Outcome::Completed(serde_json::Value::Null)));
+    assert_eq!(store.workflow("orphan").await.unwrap().unwrap().lease_epoch, 2);
+}
+
+mod a_saturated_pool_does_not_starve_the_recovery_scan {
+    onceflow_tests::backend_test!(postgres, a_saturated_pool_does_not_starve_the_recovery_scan);
+    onceflow_tests::backend_test!(mysql, a_saturated_pool_does_not_starve_the_recovery_scan);
+}
+
 on_every_backend!(
     a_panicked_run_is_resumed_elsewhere,
     an_older_run_ending_keeps_the_newer_run_driven,
