@@ -92,8 +92,9 @@ pub struct GcArgs {
     /// What to keep.
     #[command(flatten)]
     pub retention: RetentionArgs,
-    /// Count what would be deleted; delete nothing.
-    #[arg(long)]
+    /// Count what would be deleted; delete nothing. From the environment: `1`, `true`, `yes` or `on` (`0`,
+    /// `false`, `no`, `off`: a real pass).
+    #[arg(long, env = "ONCEFLOW_DRY_RUN", value_parser = clap::builder::BoolishValueParser::new())]
     pub dry_run: bool,
 }
 
@@ -222,13 +223,13 @@ pub enum WorkflowsCommand {
         #[command(flatten)]
         database: DatabaseArgs,
         /// running, compensating, completed, failed, compensation_failed or cancelled.
-        #[arg(long)]
+        #[arg(long, env = "ONCEFLOW_STATE")]
         state: Option<String>,
         /// Only this tenant's workflows.
-        #[arg(long)]
+        #[arg(long, env = "ONCEFLOW_TENANT")]
         tenant: Option<String>,
         /// How many.
-        #[arg(long, default_value_t = 20)]
+        #[arg(long, env = "ONCEFLOW_LIMIT", default_value_t = 20)]
         limit: i64,
     },
     /// One workflow with its steps.
@@ -302,6 +303,29 @@ pub fn parse_operator_keys(raw: &str, tenants: &[(String, String)]) -> Result<Ve
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// contracts/cli.md: every flag also reads `ONCEFLOW_` + its name in upper case, `-` as `_`.
+    #[test]
+    fn every_flag_reads_its_environment_variable() {
+        fn check(command: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for arg in command.get_arguments() {
+                let Some(long) = arg.get_long() else { continue };
+                if matches!(long, "help" | "version") {
+                    continue;
+                }
+                let expected = format!("ONCEFLOW_{}", long.to_uppercase().replace('-', "_"));
+                if arg.get_env() != Some(std::ffi::OsStr::new(&expected)) {
+                    missing.push(format!("{path} --{long}: {:?}, not {expected}", arg.get_env()));
+                }
+            }
+            for sub in command.get_subcommands() {
+                check(sub, &format!("{path} {}", sub.get_name()), missing);
+            }
+        }
+        let mut missing = Vec::new();
+        check(&<Cli as clap::CommandFactory>::command(), "onceflow", &mut missing);
+        assert!(missing.is_empty(), "{missing:#?}");
+    }
 
     #[test]
     fn durations_parse_in_the_written_units() {

@@ -10,6 +10,7 @@ use utoipa::{OpenApi, ToSchema};
 
 use onceflow_payments::{KEY_PATTERN, TOKEN_PATTERN};
 
+use crate::routes::views::WorkflowState;
 use crate::routes::{compat, ops, orders, payments, tokens};
 
 /// A problem (RFC 9457), the shape of every error.
@@ -140,7 +141,8 @@ fn complete_parameter(path: &str, param: &mut Value) {
             );
             json!({ "type": "string", "pattern": TOKEN_PATTERN })
         }
-        "state" => json!({ "type": "string", "enum": crate::routes::ops::WORKFLOW_STATES }),
+        // The same enum as a workflow's `state` in the answers: one type for clients.
+        "state" => json!({ "$ref": format!("#/components/schemas/{}", WorkflowState::name()) }),
         "limit" => json!({ "type": "integer", "format": "int64", "minimum": 1, "maximum": 1000 }),
         _ => return,
     };

@@ -1,5 +1,5 @@
 //! `onceflow workflows list | show | retry | cancel`: what an operator sees over HTTP (`GET /v1/workflows/{id}`:
-//! the same fields, built by the same functions — RFC 3339 times, input, output and errors as JSON, no token),
+//! the same fields, built by the same types — RFC 3339 times, input, output and errors as JSON, no token),
 //! printed for people.
 
 use onceflow_engine::WorkflowView;
@@ -8,7 +8,7 @@ use serde_json::Value;
 
 use crate::config::WorkflowsCommand;
 use crate::database::OnPayments;
-use crate::routes::ops::{redacted, step_view};
+use crate::routes::views::WorkflowDetail;
 
 /// A `workflows` command, on the engine once it is connected.
 pub(crate) struct Operate(pub(crate) WorkflowsCommand);
@@ -48,11 +48,6 @@ impl OnPayments for Operate {
     }
 }
 
-/// A value as a line of text: a string as itself, anything else as compact JSON.
-fn text(value: &Value) -> String {
-    value.as_str().map_or_else(|| value.to_string(), str::to_owned)
-}
-
 /// A JSON value indented under a heading, or nothing when it is null.
 fn block(out: &mut String, heading: &str, value: &Value) {
     if value.is_null() {
@@ -68,50 +63,48 @@ fn block(out: &mut String, heading: &str, value: &Value) {
 /// `workflows show`: the workflow's fields, its input, output and error, its steps (each with its output or
 /// error) and its compensations.
 fn shown(view: WorkflowView) -> String {
-    let w = redacted(view.workflow);
+    let WorkflowDetail { workflow: w, steps, compensations } = view.into();
     let mut out = String::new();
-    for (label, key) in [
-        ("workflow", "workflow_id"),
-        ("name", "name"),
-        ("state", "state"),
-        ("epoch", "lease_epoch"),
-        ("created", "created_at"),
-        ("updated", "updated_at"),
-        ("next try", "next_attempt_at"),
-        ("lease to", "lease_expires_at"),
+    for (label, value) in [
+        ("workflow", Some(w.workflow_id)),
+        ("name", Some(w.name)),
+        ("state", Some(w.state)),
+        ("epoch", Some(w.lease_epoch.to_string())),
+        ("created", Some(w.created_at)),
+        ("updated", Some(w.updated_at)),
+        ("next try", Some(w.next_attempt_at)),
+        ("lease to", w.lease_expires_at),
     ] {
-        if let Some(value) = w.get(key).filter(|v| !v.is_null()) {
-            out.push_str(&format!("{label:<10}{}\n", text(value)));
+        if let Some(value) = value {
+            out.push_str(&format!("{label:<10}{value}\n"));
         }
     }
-    for key in ["input", "output", "error"] {
-        block(&mut out, &format!("\n{key}"), &w[key]);
+    for (key, value) in [("input", &w.input), ("output", &w.output), ("error", &w.error)] {
+        block(&mut out, &format!("\n{key}"), value);
     }
     out.push_str(&format!(
         "\n{:<36} {:<14} {:<10} {:>8}  {:<24}  FINISHED\n",
         "STEP", "KIND", "STATUS", "ATTEMPTS", "STARTED"
     ));
-    for step in view.steps {
-        let s = step_view(step);
-        let field = |k: &str| s.get(k).filter(|v| !v.is_null()).map(text).unwrap_or_default();
+    for s in steps {
         out.push_str(&format!(
             "{:<36} {:<14} {:<10} {:>8}  {:<24}  {}\n",
-            field("step_key"),
-            field("kind"),
-            field("status"),
-            field("attempts"),
-            field("started_at"),
-            field("finished_at")
+            s.step_key,
+            s.kind,
+            s.status,
+            s.attempts,
+            s.started_at,
+            s.finished_at.unwrap_or_default()
         ));
-        for key in ["output", "error"] {
-            if !s[key].is_null() {
-                out.push_str(&format!("    {key:<7}{}\n", s[key]));
+        for (key, value) in [("output", &s.output), ("error", &s.error)] {
+            if !value.is_null() {
+                out.push_str(&format!("    {key:<7}{value}\n"));
             }
         }
     }
-    if !view.compensations.is_empty() {
+    if !compensations.is_empty() {
         out.push_str(&format!("\n{:>4} {:<36} {:<16} STATUS\n", "SEQ", "STEP", "COMPENSATION"));
-        for c in view.compensations {
+        for c in compensations {
             out.push_str(&format!("{:>4} {:<36} {:<16} {}\n", c.seq, c.step_key, c.name, c.status));
         }
     }

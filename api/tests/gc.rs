@@ -51,7 +51,13 @@ fn stop(mut child: Child) {
 
 /// `onceflow gc args…`: its stdout, after checking it succeeded.
 fn gc(args: &[&str]) -> String {
-    let out = Command::new(ONCEFLOW).arg("gc").args(args).env("RUST_LOG", "warn").output().unwrap();
+    gc_with(&[], args)
+}
+
+/// `onceflow gc args…` with environment variables `env`.
+fn gc_with(env: &[(&str, &str)], args: &[&str]) -> String {
+    let out = Command::new(ONCEFLOW).arg("gc").args(args).env("RUST_LOG", "warn").envs(env.iter().copied()).output();
+    let out = out.unwrap();
     let printed = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(out.status.success(), "{printed}\n{}", String::from_utf8_lossy(&out.stderr));
     printed
@@ -99,6 +105,7 @@ async fn gc_dry_run_counts_then_gc_deletes() {
     let expected = counts("would delete", 0, 1, 1, 5);
     assert_eq!(gc(&[&now[..], &["--dry-run"]].concat()), expected);
     assert_eq!(gc(&[&now[..], &["--dry-run"]].concat()), expected, "the dry run deleted nothing");
+    assert_eq!(gc_with(&[("ONCEFLOW_DRY_RUN", "1")], &now), expected, "--dry-run from the environment");
     assert_eq!(gc(&["--database-url", &url]), counts("deleted", 0, 0, 0, 0), "the defaults keep it all");
     assert_eq!(gc(&now), counts("deleted", 0, 1, 1, 5));
     assert_eq!(gc(&now), counts("deleted", 0, 0, 0, 0), "each row once");

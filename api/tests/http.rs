@@ -345,6 +345,7 @@ async fn openapi_covers_every_route_of_the_contract() {
         ("post", "/v1/tokens"),
         ("post", "/v1/payments"),
         ("get", "/v1/payments/{request_no}"),
+        ("get", "/v1/payments"),
         ("post", "/tokens"),
         ("post", "/pay"),
         ("get", "/v1/workflows"),
@@ -374,6 +375,70 @@ async fn openapi_covers_every_route_of_the_contract() {
     ] {
         assert!(text.contains(code), "error code {code} is not documented");
     }
+}
+
+/// The operations whose answers were once described in words alone describe them as schemas that clients
+/// generate code from: each `200` has a JSON schema, and the keys of real answers are the keys it lists, all
+/// required (a key that is null is sent as null, never left out). A workflow's `state` is one enum, shared with
+/// the list's `state` filter.
+#[tokio::test]
+async fn openapi_describes_the_answers_of_operations() {
+    let (app, _) = start_reliable(&database("sqlite").await.unwrap()).await;
+    let doc = app.get("/openapi.json").await.json();
+    let resolve = |schema: &serde_json::Value| match schema["$ref"].as_str() {
+        Some(name) => doc.pointer(name.trim_start_matches('#')).cloned().unwrap_or_default(),
+        None => schema.clone(),
+    };
+    let mut bodies = std::collections::BTreeMap::new();
+    for (method, path) in [
+        ("get", "/v1/workflows"),
+        ("get", "/v1/workflows/{workflow_id}"),
+        ("post", "/v1/workflows/{workflow_id}/retry"),
+        ("post", "/v1/workflows/{workflow_id}/cancel"),
+        ("get", "/v1/payments"),
+    ] {
+        let schema = &doc["paths"][path][method]["responses"]["200"]["content"]["application/json"]["schema"];
+        assert!(schema.is_object(), "{method} {path}: no schema for 200");
+        let body = resolve(schema);
+        assert!(body["properties"].is_object(), "{method} {path}: {schema} resolves to {body}");
+        bodies.insert((method, path), body);
+    }
+    let workflow = &bodies[&("post", "/v1/workflows/{workflow_id}/retry")];
+    assert_eq!(workflow, &bodies[&("post", "/v1/workflows/{workflow_id}/cancel")]);
+    let states = json!(["running", "compensating", "completed", "failed", "compensation_failed", "cancelled"]);
+    assert_eq!(resolve(&workflow["properties"]["state"])["enum"], states);
+    let filter = doc["paths"]["/v1/workflows"]["get"]["parameters"].as_array().unwrap();
+    let filter = filter.iter().find(|p| p["name"] == "state").unwrap();
+    assert_eq!(resolve(&filter["schema"])["enum"], states);
+
+    // Real answers have exactly the documented keys.
+    let keys = |body: &serde_json::Value| {
+        let mut keys: Vec<String> = body.as_object().unwrap().keys().cloned().collect();
+        keys.sort();
+        keys
+    };
+    let documented = |schema: &serde_json::Value| {
+        let mut required: Vec<String> =
+            schema["required"].as_array().unwrap().iter().map(|k| k.as_str().unwrap().to_owned()).collect();
+        required.sort();
+        assert_eq!(keys(&schema["properties"]), required, "every key is required: {schema}");
+        required
+    };
+    app.order("O-s", 1000).await;
+    assert_eq!(app.pay(&app.token().await, pay_body("O-s", 1000)).await.status, 201);
+    let page = app.get("/v1/workflows").await.json();
+    assert_eq!(keys(&page), documented(&bodies[&("get", "/v1/workflows")]), "{page}");
+    assert_eq!(keys(&page["workflows"][0]), documented(workflow), "{page}");
+    let id = page["workflows"][0]["workflow_id"].as_str().unwrap();
+    let detail = app.get(&format!("/v1/workflows/{id}")).await.json();
+    let detail_schema = &bodies[&("get", "/v1/workflows/{workflow_id}")];
+    assert_eq!(keys(&detail), documented(detail_schema), "{detail}");
+    let step = resolve(&detail_schema["properties"]["steps"]["items"]);
+    assert_eq!(keys(&detail["steps"][0]), documented(&step), "{detail}");
+    let compensation = resolve(&detail_schema["properties"]["compensations"]["items"]);
+    assert_eq!(keys(&detail["compensations"][0]), documented(&compensation), "{detail}");
+    let payments = app.get("/v1/payments?order_no=O-s").await.json();
+    assert_eq!(keys(&payments), documented(&bodies[&("get", "/v1/payments")]), "{payments}");
 }
 
 /// Storage going away answers `503 unavailable` with `Retry-After`, fast, with no internal text.

@@ -21,6 +21,7 @@ pub mod ops;
 pub mod orders;
 pub mod payments;
 pub mod tokens;
+pub mod views;
 
 /// Largest request body accepted.
 pub const BODY_LIMIT: usize = 64 * 1024;

@@ -6,7 +6,7 @@ use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use onceflow_engine::WorkflowView;
-use onceflow_engine::store::{Cursor, StepRecord, WorkflowFilter, WorkflowRecord};
+use onceflow_engine::store::{Cursor, WorkflowFilter, WorkflowRecord};
 use serde::Deserialize;
 use serde_json::json;
 use utoipa::IntoParams;
@@ -14,12 +14,11 @@ use utoipa::IntoParams;
 use onceflow_payments::PaymentStore;
 
 use crate::error::ApiError;
+use crate::routes::views::{WORKFLOW_STATES, WorkflowBody, WorkflowDetail, WorkflowPage};
 use crate::state::{AppState, Caller, may_scrape};
 
 /// How long a scrape waits for the database to answer `SELECT 1` before it reports it down.
 const PING_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
-
-pub(crate) const WORKFLOW_STATES: [&str; 6] = onceflow_engine::store::state::ALL;
 
 /// Filters of `GET /v1/workflows`.
 #[derive(Debug, Deserialize, IntoParams)]
@@ -84,59 +83,6 @@ fn must_operate(caller: &Caller) -> Result<(), ApiError> {
     if caller.is_operator() { Ok(()) } else { Err(ApiError::forbidden("retry and cancel take an operator key")) }
 }
 
-/// A stored JSON column as the JSON value it holds (a plain message, as older errors are, stays a string).
-fn json_value(stored: Option<&str>) -> serde_json::Value {
-    stored.map_or(serde_json::Value::Null, |s| serde_json::from_str(s).unwrap_or_else(|_| json!(s)))
-}
-
-/// A time of the store (ms since the epoch) as RFC 3339.
-fn time(ms: i64) -> serde_json::Value {
-    json!(crate::routes::orders::rfc3339(ms))
-}
-
-/// A workflow as operators see it (contracts/http-api.md): times as RFC 3339, input, output and error as JSON
-/// values; without the idempotency token (an operator needs the workflow, not the credential) and without the
-/// lease's internals.
-pub(crate) fn redacted(record: WorkflowRecord) -> serde_json::Value {
-    let mut input = json_value(Some(&record.input));
-    if input.get("token").is_some() {
-        input["token"] = json!("***");
-    }
-    let mut output = json_value(record.output.as_deref());
-    // A payment's output is the response stored byte for byte, its body as text: shown as the JSON it is.
-    if let Some(body) = output.get("body").and_then(|b| b.as_str()).and_then(|b| serde_json::from_str(b).ok()) {
-        output["body"] = body;
-    }
-    json!({
-        "workflow_id": record.workflow_id,
-        "name": record.name,
-        "state": record.state,
-        "input": input,
-        "output": output,
-        "error": json_value(record.error.as_deref()),
-        "lease_expires_at": record.lease_expires_at.map(time),
-        "lease_epoch": record.lease_epoch,
-        "next_attempt_at": time(record.next_attempt_at),
-        "created_at": time(record.created_at),
-        "updated_at": time(record.updated_at),
-    })
-}
-
-/// A step as operators see it: times as RFC 3339, output and error as JSON values.
-pub(crate) fn step_view(step: StepRecord) -> serde_json::Value {
-    json!({
-        "step_key": step.step_key,
-        "step_name": step.step_name,
-        "kind": step.kind,
-        "status": step.status,
-        "attempts": step.attempts,
-        "output": json_value(step.output.as_deref()),
-        "error": json_value(step.error.as_deref()),
-        "started_at": time(step.started_at),
-        "finished_at": step.finished_at.map(time),
-    })
-}
-
 async fn visible_view<S: PaymentStore>(
     state: &AppState<S>,
     caller: &Caller,
@@ -153,36 +99,29 @@ async fn visible_view<S: PaymentStore>(
 #[utoipa::path(get, path = "/v1/workflows/{workflow_id}", tag = "operations",
     params(("workflow_id" = String, Path, description = "The workflow (payments: pay:<token>)")),
     responses(
-        (status = 200, description = "The workflow with its steps and compensations"),
+        (status = 200, description = "The workflow with its steps and compensations", body = WorkflowDetail),
         (status = 404, description = "workflow_not_found (also another tenant's, for a tenant key)", body = crate::openapi::Problem),
     ))]
 pub async fn get_workflow<S: PaymentStore>(
     State(state): State<AppState<S>>,
     caller: Caller,
     Path(id): Path<String>,
-) -> Result<Json<serde_json::Value>, ApiError> {
-    let view = visible_view(&state, &caller, &id).await?;
-    Ok(Json(json!({
-        "workflow": redacted(view.workflow),
-        "steps": view.steps.into_iter().map(step_view).collect::<Vec<_>>(),
-        "compensations": view.compensations.into_iter().map(|c| json!({
-            "seq": c.seq, "step_key": c.step_key, "name": c.name, "status": c.status,
-        })).collect::<Vec<_>>(),
-    })))
+) -> Result<Json<WorkflowDetail>, ApiError> {
+    Ok(Json(visible_view(&state, &caller, &id).await?.into()))
 }
 
 /// A page of workflows, newest first (by creation time, then workflow id): a tenant key's own, an operator's
 /// of every tenant. `next_cursor` (and `next_before`) are set only when more workflows follow.
 #[utoipa::path(get, path = "/v1/workflows", tag = "operations", params(ListQuery),
     responses(
-        (status = 200, description = "{\"workflows\": [...], \"next_cursor\": string or null, \"next_before\": ms or null}"),
+        (status = 200, description = "A page of workflows, newest first", body = WorkflowPage),
         (status = 400, description = "invalid_request: an unknown state, a limit out of range, a cursor this server did not give", body = crate::openapi::Problem),
     ))]
 pub async fn list_workflows<S: PaymentStore>(
     State(state): State<AppState<S>>,
     caller: Caller,
     query: Result<Query<ListQuery>, QueryRejection>,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<WorkflowPage>, ApiError> {
     let Query(q) = query.map_err(|e| ApiError::invalid(e.body_text()))?;
     if let Some(s) = &q.state
         && !WORKFLOW_STATES.contains(&s.as_str())
@@ -208,15 +147,15 @@ pub async fn list_workflows<S: PaymentStore>(
     let next = page.last().filter(|_| more).map(Cursor::after);
     let next_before = next.as_ref().map(|c| c.created_at);
     let next_cursor = next.as_ref().map(encode_cursor);
-    let workflows: Vec<_> = page.into_iter().map(redacted).collect();
-    Ok(Json(json!({ "workflows": workflows, "next_cursor": next_cursor, "next_before": next_before })))
+    let workflows = page.into_iter().map(WorkflowBody::from).collect();
+    Ok(Json(WorkflowPage { next_before, next_cursor, workflows }))
 }
 
 /// Retries a failed workflow (compensation_failed: its compensations; failed with nothing compensated: forward).
 #[utoipa::path(post, path = "/v1/workflows/{workflow_id}/retry", tag = "operations",
     params(("workflow_id" = String, Path, description = "The workflow")),
     responses(
-        (status = 200, description = "Reopened"),
+        (status = 200, description = "Reopened", body = WorkflowBody),
         (status = 403, description = "forbidden: a tenant key (retry is for operators)", body = crate::openapi::Problem),
         (status = 404, description = "workflow_not_found", body = crate::openapi::Problem),
         (status = 409, description = "invalid_state", body = crate::openapi::Problem),
@@ -225,16 +164,16 @@ pub async fn retry_workflow<S: PaymentStore>(
     State(state): State<AppState<S>>,
     caller: Caller,
     Path(id): Path<String>,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<WorkflowBody>, ApiError> {
     must_operate(&caller)?;
-    Ok(Json(redacted(state.payments.engine().retry(&id).await?)))
+    Ok(Json(state.payments.engine().retry(&id).await?.into()))
 }
 
 /// Cancels a running workflow: any current run is fenced out and the compensations run.
 #[utoipa::path(post, path = "/v1/workflows/{workflow_id}/cancel", tag = "operations",
     params(("workflow_id" = String, Path, description = "The workflow")),
     responses(
-        (status = 200, description = "Cancelling"),
+        (status = 200, description = "Cancelling", body = WorkflowBody),
         (status = 403, description = "forbidden: a tenant key (cancel is for operators)", body = crate::openapi::Problem),
         (status = 404, description = "workflow_not_found", body = crate::openapi::Problem),
         (status = 409, description = "invalid_state", body = crate::openapi::Problem),
@@ -243,9 +182,9 @@ pub async fn cancel_workflow<S: PaymentStore>(
     State(state): State<AppState<S>>,
     caller: Caller,
     Path(id): Path<String>,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<WorkflowBody>, ApiError> {
     must_operate(&caller)?;
-    Ok(Json(redacted(state.payments.engine().cancel(&id).await?)))
+    Ok(Json(state.payments.engine().cancel(&id).await?.into()))
 }
 
 /// The process is up.

@@ -1,4 +1,4 @@
-//! `POST /v1/payments` (with `Idempotency-Key`) and `GET /v1/payments/{request_no}`.
+//! `POST /v1/payments` (with `Idempotency-Key`), `GET /v1/payments/{request_no}` and `GET /v1/payments?order_no=`.
 
 use std::time::Duration;
 
@@ -8,7 +8,7 @@ use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::Response;
 use onceflow_payments::{Currency, OrderNo, PayRequest, PayResponse, PaymentBody, PaymentStore, RequestNo, Token};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
 use crate::error::{ApiError, json_response};
@@ -175,10 +175,17 @@ pub struct PaymentsQuery {
     pub order_no: Option<String>,
 }
 
+/// Every payment attempt of an order (`GET /v1/payments?order_no=`).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct PaymentList {
+    /// Newest first; empty for an order without payments (or not the caller's).
+    pub payments: Vec<PaymentBody>,
+}
+
 /// Every payment attempt of one of the caller's orders, newest first (what support asks first).
 #[utoipa::path(get, path = "/v1/payments", tag = "payments", params(PaymentsQuery),
     responses(
-        (status = 200, description = "{\"payments\": [payment, ...]}, newest first; empty for an order without payments (or not the tenant's)"),
+        (status = 200, description = "The order's payments, newest first; none for an order without payments (or not the tenant's)", body = PaymentList),
         (status = 400, description = "invalid_request: order_no missing or invalid", body = crate::openapi::Problem),
         (status = 403, description = "forbidden: an operator key (payments are a tenant's)", body = crate::openapi::Problem),
     ))]
@@ -186,14 +193,13 @@ pub async fn list_payments<S: PaymentStore>(
     State(state): State<AppState<S>>,
     Tenant(tenant): Tenant,
     query: Result<Query<PaymentsQuery>, axum::extract::rejection::QueryRejection>,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<PaymentList>, ApiError> {
     // A query it cannot read is a problem too, as every error is.
     let Query(q) = query.map_err(|e| ApiError::invalid(e.body_text()))?;
     let raw = q.order_no.ok_or_else(|| ApiError::invalid("order_no is required"))?;
     let order_no = OrderNo::parse(raw).map_err(|e| ApiError::invalid(e.to_string()))?;
-    let payments: Vec<PaymentBody> =
-        state.payments.payments_of_order(&tenant, &order_no).await?.iter().map(|p| p.view()).collect();
-    Ok(Json(serde_json::json!({ "payments": payments })))
+    let payments = state.payments.payments_of_order(&tenant, &order_no).await?.iter().map(|p| p.view()).collect();
+    Ok(Json(PaymentList { payments }))
 }
 
 #[cfg(test)]

@@ -1,0 +1,197 @@
+//! What operators see of a workflow (contracts/http-api.md, Operations), over HTTP and on the terminal
+//! (`onceflow workflows show`): times as RFC 3339; input, output and errors as the JSON values they hold; without
+//! the idempotency token (an operator needs the workflow, not the credential) and without the lease's internals.
+//! Typed, so that `/openapi.json` describes these bodies from the same types that write them.
+//!
+//! Fields are declared in alphabetical order: these bodies were first written with `json!`, whose maps keep their
+//! keys sorted, and the bytes clients have seen stay the same.
+
+use onceflow_engine::WorkflowView;
+use onceflow_engine::store::{CompensationRecord, StepRecord, WorkflowRecord};
+use serde::Serialize;
+use serde_json::{Value, json};
+use utoipa::openapi::RefOr;
+use utoipa::openapi::schema::{ObjectBuilder, Schema, Type};
+use utoipa::{PartialSchema, ToSchema};
+
+use crate::routes::orders::rfc3339;
+
+/// Every state a workflow can be in, as the API writes and filters them.
+pub(crate) const WORKFLOW_STATES: [&str; 6] = onceflow_engine::store::state::ALL;
+
+/// The schema of a workflow's `state`: one of [`WORKFLOW_STATES`]. Built from the engine's list (rather than
+/// restated as a Rust enum) so that the document and the server cannot disagree on it.
+pub struct WorkflowState;
+
+impl PartialSchema for WorkflowState {
+    fn schema() -> RefOr<Schema> {
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .enum_values(Some(WORKFLOW_STATES))
+            .description(Some(
+                "running (or waiting to run), compensating, completed, failed (every compensation has run), \
+                 compensation_failed (an operator must look) or cancelled.",
+            ))
+            .into()
+    }
+}
+
+impl ToSchema for WorkflowState {}
+
+/// A workflow (`GET /v1/workflows` lists them; retry and cancel answer the one they changed).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct WorkflowBody {
+    /// When it was created (RFC 3339).
+    #[schema(format = DateTime)]
+    pub created_at: String,
+    /// Why it failed: the JSON value stored (an older plain message stays a string); null while it has not.
+    pub error: Value,
+    /// Its input; a payment's idempotency token is shown as `***`.
+    pub input: Value,
+    /// Incremented on every claim by a worker.
+    pub lease_epoch: i64,
+    /// When the current claim ends (RFC 3339); null when no worker holds it.
+    #[schema(format = DateTime, required = true)]
+    pub lease_expires_at: Option<String>,
+    /// Its workflow type (payments: `payment`).
+    pub name: String,
+    /// Not run again before this time (RFC 3339).
+    #[schema(format = DateTime)]
+    pub next_attempt_at: String,
+    /// Its output once completed, null before. A payment's is the stored response, its `body` shown as JSON.
+    pub output: Value,
+    /// Where it is.
+    #[schema(value_type = WorkflowState)]
+    pub state: String,
+    /// When it last changed (RFC 3339).
+    #[schema(format = DateTime)]
+    pub updated_at: String,
+    /// Its id (payments: `pay:<token>`).
+    pub workflow_id: String,
+}
+
+/// A step of a workflow.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct StepBody {
+    /// Attempts started so far.
+    pub attempts: i32,
+    /// The last error: the JSON value stored (a plain message stays a string); null when there was none.
+    pub error: Value,
+    /// When it completed or failed (RFC 3339); null while it has not.
+    #[schema(format = DateTime, required = true)]
+    pub finished_at: Option<String>,
+    /// `transactional` (inside the workflow's transaction) or `external` (a call outside the database).
+    pub kind: String,
+    /// Its output once completed, null before.
+    pub output: Value,
+    /// When its first attempt started (RFC 3339).
+    #[schema(format = DateTime)]
+    pub started_at: String,
+    /// `started`, `unknown`, `retrying`, `completed` or `failed`.
+    pub status: String,
+    /// Unique within the workflow.
+    pub step_key: String,
+    /// What the step does (the same name may run under several keys).
+    pub step_name: String,
+}
+
+/// A compensation registered before its forward step ran.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct CompensationBody {
+    /// Which compensation of the workflow type runs.
+    pub name: String,
+    /// Registration order; compensations run in reverse.
+    pub seq: i32,
+    /// `registered`, `done` or `failed`.
+    pub status: String,
+    /// The forward step it undoes.
+    pub step_key: String,
+}
+
+/// A workflow with its steps, in the order they started, and its compensations (`GET /v1/workflows/{id}`).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct WorkflowDetail {
+    /// Its registered compensations.
+    pub compensations: Vec<CompensationBody>,
+    /// Its steps, in the order they started.
+    pub steps: Vec<StepBody>,
+    /// The workflow.
+    pub workflow: WorkflowBody,
+}
+
+/// A page of workflows, newest first (`GET /v1/workflows`).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct WorkflowPage {
+    /// The next page's `before` (ms since the epoch), for older clients; null on the last page.
+    #[schema(required = true)]
+    pub next_before: Option<i64>,
+    /// The next page's `cursor`; null on the last page.
+    #[schema(required = true)]
+    pub next_cursor: Option<String>,
+    /// This page's workflows.
+    pub workflows: Vec<WorkflowBody>,
+}
+
+/// A stored JSON column as the JSON value it holds (a plain message, as older errors are, stays a string).
+fn json_value(stored: Option<&str>) -> Value {
+    stored.map_or(Value::Null, |s| serde_json::from_str(s).unwrap_or_else(|_| json!(s)))
+}
+
+impl From<WorkflowRecord> for WorkflowBody {
+    fn from(record: WorkflowRecord) -> Self {
+        let mut input = json_value(Some(&record.input));
+        if input.get("token").is_some() {
+            input["token"] = json!("***");
+        }
+        let mut output = json_value(record.output.as_deref());
+        // A payment's output is the response stored byte for byte, its body as text: shown as the JSON it is.
+        if let Some(body) = output.get("body").and_then(|b| b.as_str()).and_then(|b| serde_json::from_str(b).ok()) {
+            output["body"] = body;
+        }
+        Self {
+            created_at: rfc3339(record.created_at),
+            error: json_value(record.error.as_deref()),
+            input,
+            lease_epoch: record.lease_epoch,
+            lease_expires_at: record.lease_expires_at.map(rfc3339),
+            name: record.name,
+            next_attempt_at: rfc3339(record.next_attempt_at),
+            output,
+            state: record.state,
+            updated_at: rfc3339(record.updated_at),
+            workflow_id: record.workflow_id,
+        }
+    }
+}
+
+impl From<StepRecord> for StepBody {
+    fn from(step: StepRecord) -> Self {
+        Self {
+            attempts: step.attempts,
+            error: json_value(step.error.as_deref()),
+            finished_at: step.finished_at.map(rfc3339),
+            kind: step.kind,
+            output: json_value(step.output.as_deref()),
+            started_at: rfc3339(step.started_at),
+            status: step.status,
+            step_key: step.step_key,
+            step_name: step.step_name,
+        }
+    }
+}
+
+impl From<CompensationRecord> for CompensationBody {
+    fn from(c: CompensationRecord) -> Self {
+        Self { name: c.name, seq: c.seq, status: c.status, step_key: c.step_key }
+    }
+}
+
+impl From<WorkflowView> for WorkflowDetail {
+    fn from(view: WorkflowView) -> Self {
+        Self {
+            compensations: view.compensations.into_iter().map(CompensationBody::from).collect(),
+            steps: view.steps.into_iter().map(StepBody::from).collect(),
+            workflow: view.workflow.into(),
+        }
+    }
+}
