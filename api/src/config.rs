@@ -141,6 +141,10 @@ pub struct ServeArgs {
     /// before the connection is closed: a slow client cannot hold a connection for ever.
     #[arg(long, env = "ONCEFLOW_HEADER_READ_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
     pub header_read_timeout: Duration,
+    /// How long a client has to send a request's body once its headers are in, before it is answered `408` and
+    /// the connection is closed: a client that trickles its body cannot hold a connection either.
+    #[arg(long, env = "ONCEFLOW_BODY_READ_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    pub body_read_timeout: Duration,
     /// HTTP connections served at once; more wait in the listen backlog until one ends.
     #[arg(long, env = "ONCEFLOW_MAX_CONNECTIONS", default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub max_connections: u32,

@@ -28,8 +28,8 @@ pub struct Problem {
     /// Stable, machine-readable: invalid_request, idempotency_key_missing, idempotency_key_invalid,
     /// idempotency_key_mismatch, token_not_found, order_not_found, order_conflict, order_not_payable,
     /// amount_mismatch, request_no_conflict, payment_declined, payment_not_found, workflow_not_found,
-    /// invalid_state, unauthorized, forbidden, not_found, method_not_allowed, payload_too_large, unsupported_media_type,
-    /// unavailable, internal.
+    /// invalid_state, unauthorized, forbidden, not_found, method_not_allowed, payload_too_large, request_timeout,
+    /// unsupported_media_type, unavailable, internal.
     pub code: String,
     /// With `payment_declined`: the channel's reason.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -112,6 +112,7 @@ fn complete_operation(path: &str, op: &mut Value, problem: &Value) {
             add("400", "invalid_request");
         }
         if has_body {
+            add("408", "request_timeout: the body did not arrive within the server's body read timeout");
             add("413", "payload_too_large");
             add("415", "unsupported_media_type: send the body as application/json");
         }

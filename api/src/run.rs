@@ -156,6 +156,7 @@ impl OnPayments for Serve {
             let state = AppState { payments: payments.clone(), auth, wait: Duration::from_millis(args.wait_ms) };
             let limits = crate::server::Limits {
                 header_read_timeout: args.header_read_timeout,
+                body_read_timeout: args.body_read_timeout,
                 max_connections: usize::try_from(args.max_connections).unwrap_or(usize::MAX),
             };
             crate::server::serve(listener, crate::routes::app(state), limits, shutdown_signal()).await?;

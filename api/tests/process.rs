@@ -209,6 +209,56 @@ async fn slow_clients_cannot_hold_the_server() {
     assert!(waited < Duration::from_secs(5), "waited {waited:?}");
 }
 
+/// A slow-body client — full headers, then a body that trickles or stops (a slow POST) — is answered `408` and
+/// cut off after `--body-read-timeout`, and while `--max-connections` are taken by such clients a real request
+/// waits for a slot instead of hanging for ever.
+#[tokio::test]
+async fn slow_bodies_cannot_hold_the_server() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let url = database("sqlite").await.unwrap();
+    let args = ["--database-url", &url, "--body-read-timeout", "500ms", "--max-connections", "2"];
+    let (child, base) = serve(&args).await;
+    struct Killed(Child);
+    impl Drop for Killed {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let child = Killed(child);
+    let addr = base.trim_start_matches("http://").to_owned();
+    let mut slow = Vec::new();
+    for _ in 0..2 {
+        let mut c = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        let head =
+            "POST /v1/orders HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n";
+        c.write_all(head.as_bytes()).await.unwrap();
+        c.write_all(br#"{"order_no":"#).await.unwrap();
+        slow.push(c);
+    }
+    let answered = tokio::time::timeout(Duration::from_secs(10), reqwest::get(format!("{base}/healthz"))).await;
+    for mut c in slow {
+        // Answered 408 as a problem, then closed (EOF), not left open.
+        let read = tokio::time::timeout(Duration::from_secs(3), async {
+            let mut got = Vec::new();
+            let mut buf = [0u8; 512];
+            loop {
+                match c.read(&mut buf).await {
+                    Ok(0) | Err(_) => return got,
+                    Ok(n) => got.extend_from_slice(&buf[..n]),
+                }
+            }
+        })
+        .await;
+        let got = String::from_utf8_lossy(&read.expect("a connection with half its body is still open")).into_owned();
+        assert!(got.starts_with("HTTP/1.1 408"), "{got}");
+        assert!(got.contains("request_timeout") && got.contains("application/problem+json"), "{got}");
+    }
+    drop(child);
+    let answered = answered.expect("a request behind slow bodies got no answer").unwrap();
+    assert_eq!(answered.status(), 200);
+}
+
 async fn serve_channel(channel: MockChannel) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
