@@ -9,7 +9,7 @@
 //! ```no_run
 //! use std::{sync::Arc, time::Duration};
 //! use onceflow_engine::{EngineConfig, SqliteStore};
-//! use onceflow_payments::{Currency, MockChannel, OrderNo, PayRequest, PaymentStore, Payments};
+//! use onceflow_payments::{Currency, MockChannel, OrderNo, PaymentRequest, PaymentStore, Payments};
 //!
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! let store = SqliteStore::connect("sqlite://pay.db").await?;
@@ -18,7 +18,7 @@
 //! let (order_no, currency) = (OrderNo::parse("O-1")?, Currency::parse("CNY")?);
 //! payments.create_order("default", &order_no, 1000, &currency).await?;
 //! let token = payments.issue_token("default").await?;
-//! let request = PayRequest::new(order_no, 1000, currency, None)?;
+//! let request = PaymentRequest::new(order_no, 1000, currency, None)?;
 //! let response = payments.pay("default", &token.token, "/v1/payments", &request, Duration::from_secs(10)).await?;
 //! assert_eq!(response.status, 201);
 //! # Ok(()) }
@@ -41,7 +41,7 @@ pub use channel::{
 pub use error::{Error, Result};
 pub use invariants::{Violation, check_invariants};
 pub use model::{
-    Currency, InvalidField, KEY_PATTERN, Order, OrderNo, OrderStatus, PayRequest, PaymentBody, PaymentRecord,
+    Currency, InvalidField, KEY_PATTERN, Order, OrderNo, OrderStatus, PaymentBody, PaymentRecord, PaymentRequest,
     PaymentStatus, Problem, RequestNo, StoredResponse, TOKEN_PATTERN, Token, TokenRecord, TokenState, positive_amount,
     problem,
 };

@@ -9,8 +9,8 @@ use onceflow_engine::{Engine, EngineConfig, Outcome};
 use crate::channel::Channel;
 use crate::error::{Error, Result};
 use crate::model::{
-    Currency, Order, OrderNo, OrderStatus, PayRequest, PaymentBody, PaymentRecord, PaymentStatus, Problem, RequestNo,
-    StoredResponse, Token, TokenRecord, TokenState, hex_sha256, positive_amount,
+    Currency, Order, OrderNo, OrderStatus, PaymentBody, PaymentRecord, PaymentRequest, PaymentStatus, Problem,
+    RequestNo, StoredResponse, Token, TokenRecord, TokenState, hex_sha256, positive_amount,
 };
 use crate::retention::{Retention, millis};
 use crate::saga::{PaymentInput, PaymentSaga};
@@ -179,7 +179,7 @@ impl<S: PaymentStore> Payments<S> {
         tenant: &str,
         token: &Token,
         route: &str,
-        request: &PayRequest,
+        request: &PaymentRequest,
         wait: Duration,
     ) -> Result<PayResponse> {
         let input = payment_input(tenant, token, route, request);
@@ -284,7 +284,7 @@ impl<S: PaymentStore> Payments<S> {
     /// often and concurrently it is delivered; other fields under the same `request_no` are `422`
     /// `idempotency_key_mismatch`. A `request_no` an HTTP payment of the tenant already used is that payment:
     /// its outcome, never a second charge. Invalid commands are `400` `invalid_request`, and nothing is stored.
-    pub async fn pay_command(&self, tenant: &str, request: &PayRequest, wait: Duration) -> Result<PayResponse> {
+    pub async fn pay_command(&self, tenant: &str, request: &PaymentRequest, wait: Duration) -> Result<PayResponse> {
         let Some(request_no) = request.request_no() else {
             return Ok(PayResponse::problem(400, "invalid_request", "Invalid request", "request_no is required"));
         };
@@ -332,7 +332,7 @@ impl<S: PaymentStore> Payments<S> {
         &self,
         tenant: &str,
         record: PaymentRecord,
-        request: &PayRequest,
+        request: &PaymentRequest,
         wait: Duration,
     ) -> Result<PayResponse> {
         if record.order_no != *request.order_no()
@@ -412,7 +412,7 @@ fn processing(record: &PaymentRecord) -> PayResponse {
 
 /// The workflow input of a request: bound to its token, its fingerprint and route, and the payment's number
 /// (the client's, or derived from the token; never replaced).
-fn payment_input(tenant: &str, token: &Token, route: &str, request: &PayRequest) -> PaymentInput {
+fn payment_input(tenant: &str, token: &Token, route: &str, request: &PaymentRequest) -> PaymentInput {
     PaymentInput {
         tenant: tenant.to_owned(),
         token: token.clone(),

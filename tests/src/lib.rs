@@ -361,7 +361,7 @@ impl<S: TestDb> Workflow<S> for Steps {
 
 /// Valid values for the payment service's typed parameters, from literals (a typo panics).
 pub mod ids {
-    use onceflow_payments::{Currency, OrderNo, PayRequest, RequestNo, Token};
+    use onceflow_payments::{Currency, OrderNo, PaymentRequest, RequestNo, Token};
 
     /// An order number.
     pub fn order_no(value: impl Into<String>) -> OrderNo {
@@ -389,7 +389,7 @@ pub mod ids {
     }
 
     /// A request to pay `order_no` `amount` CNY, as the payment `request_no`.
-    pub fn pay_request(order: impl Into<String>, amount: i64, request_no: Option<&str>) -> PayRequest {
-        PayRequest::new(order_no(order), amount, cny(), request_no.map(self::request_no)).expect("a valid request")
+    pub fn pay_request(order: impl Into<String>, amount: i64, request_no: Option<&str>) -> PaymentRequest {
+        PaymentRequest::new(order_no(order), amount, cny(), request_no.map(self::request_no)).expect("a valid request")
     }
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 use onceflow_engine::EngineConfig;
 use onceflow_engine::clock::{Clock, ManualClock};
 use onceflow_payments::{
-    MockChannel, MockChannelConfig, PayRequest, PaymentStore, Payments, Retention, Token, TokenRecord, TokenState,
+    MockChannel, MockChannelConfig, PaymentRequest, PaymentStore, Payments, Retention, Token, TokenRecord, TokenState,
     check_invariants,
 };
 use onceflow_tests::ids::{cny, order_no, pay_request, request_no};
@@ -18,7 +18,7 @@ use onceflow_tests::{TestDb, on_every_backend};
 const T: &str = "default";
 const WAIT: Duration = Duration::from_secs(20);
 
-fn request(order: &str, amount: i64, request_no: Option<&str>) -> PayRequest {
+fn request(order: &str, amount: i64, request_no: Option<&str>) -> PaymentRequest {
     pay_request(order, amount, request_no)
 }
 
@@ -54,7 +54,7 @@ async fn fifty_deliveries_of_one_command_charge_once<S: TestDb + PaymentStore>(s
     assert_eq!((other.status, code(&other.body)), (422, "idempotency_key_mismatch".into()));
     let none = p.pay_command(T, &request("O-1", 1000, None), WAIT).await.unwrap();
     assert_eq!((none.status, code(&none.body)), (400, "invalid_request".into()));
-    assert!(PayRequest::new(order_no("O-1"), 0, cny(), Some(request_no("R-2"))).is_err(), "a zero amount");
+    assert!(PaymentRequest::new(order_no("O-1"), 0, cny(), Some(request_no("R-2"))).is_err(), "a zero amount");
     // Another number for the paid order: refused, never charged.
     let late = p.pay_command(T, &request("O-1", 1000, Some("R-3")), WAIT).await.unwrap();
     assert_eq!((late.status, code(&late.body)), (409, "order_not_payable".into()));

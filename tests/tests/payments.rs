@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use onceflow_engine::EngineConfig;
 use onceflow_payments::{
-    Channel, HttpChannel, MockChannel, MockChannelConfig, OrderStatus, PayRequest, PayResponse, PaymentStatus,
+    Channel, HttpChannel, MockChannel, MockChannelConfig, OrderStatus, PayResponse, PaymentRequest, PaymentStatus,
     PaymentStore, Payments, check_invariants, mock_channel_router,
 };
 use onceflow_tests::ids::{cny, order_no, pay_request, request_no};
@@ -20,7 +20,7 @@ fn payments<S: PaymentStore>(store: S, channel: Arc<dyn Channel>) -> Payments<S>
     Payments::new(store, channel, EngineConfig::default())
 }
 
-fn request(order: &str, amount: i64) -> PayRequest {
+fn request(order: &str, amount: i64) -> PaymentRequest {
     pay_request(order, amount, None)
 }
 
@@ -125,7 +125,7 @@ async fn a_token_is_bound_to_its_request<S: TestDb + PaymentStore>(store: S) {
     let missing = p.pay(T, &fresh, ROUTE, &request("O-404", 1000), WAIT).await.unwrap();
     assert_eq!((missing.status, json(&missing.body)["code"].as_str()), (404, Some("order_not_found")));
     // An invalid request cannot be made, so never reaches the service.
-    assert!(PayRequest::new(order_no("O-4"), -5, cny(), None).is_err());
+    assert!(PaymentRequest::new(order_no("O-4"), -5, cny(), None).is_err());
     assert_eq!(p.pay(T, &fresh, ROUTE, &request("O-4", 1000), WAIT).await.unwrap().status, 201);
     // request_no is unique forever.
     p.create_order(T, &order_no("O-5"), 1000, &cny()).await.unwrap();

@@ -11,7 +11,7 @@ use onceflow_engine::clock::{Clock, ManualClock};
 use onceflow_engine::store::state;
 use onceflow_engine::{Engine, EngineConfig, Outcome};
 use onceflow_payments::{
-    MockChannel, MockChannelConfig, OrderStatus, PassReport, PayRequest, PaymentStatus, PaymentStore, Payments,
+    MockChannel, MockChannelConfig, OrderStatus, PassReport, PaymentRequest, PaymentStatus, PaymentStore, Payments,
     Retention, TokenState, check_invariants, payment_workflow_id,
 };
 use onceflow_tests::ids::{cny, order_no, pay_request, request_no};
@@ -38,7 +38,7 @@ fn service<S: PaymentStore>(store: S, clock: &ManualClock, channel: MockChannel,
     Payments::with_clock(store, Arc::new(channel), EngineConfig::default(), clock.clone()).with_retention(r)
 }
 
-fn request(order: &str) -> PayRequest {
+fn request(order: &str) -> PaymentRequest {
     pay_request(order, 1000, None)
 }
 

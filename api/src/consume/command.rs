@@ -3,16 +3,16 @@
 
 use lapin::message::Delivery;
 use lapin::types::ShortString;
-use onceflow_payments::{Currency, OrderNo, PayRequest, PayResponse, RequestNo};
+use onceflow_payments::{Currency, OrderNo, PayResponse, PaymentRequest, RequestNo};
 use serde::{Deserialize, Serialize};
 
 /// Largest command body read; a larger one is a bad message, never parsed.
 pub(crate) const MAX_BODY: usize = 1024 * 1024;
 
-/// A command's body: all four fields required and valid, nothing else.
+/// A [`PaymentRequest`] as a queued command carries it: all four fields required and valid, nothing else.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct Body {
+struct CommandBody {
     order_no: OrderNo,
     amount: i64,
     currency: Currency,
@@ -27,7 +27,7 @@ pub(crate) struct Command {
     /// Copied onto the answer.
     pub(crate) correlation_id: ShortString,
     /// The payment asked for.
-    pub(crate) request: PayRequest,
+    pub(crate) request: PaymentRequest,
 }
 
 /// The command in `delivery`, or why it is not one.
@@ -43,8 +43,8 @@ pub(crate) fn parse(delivery: &Delivery) -> Result<Command, String> {
     let Some(correlation_id) = properties.correlation_id().clone() else {
         return Err("the command has no correlation_id".into());
     };
-    let body: Body = serde_json::from_slice(&delivery.data).map_err(|e| format!("invalid body: {e}"))?;
-    let request = PayRequest::new(body.order_no, body.amount, body.currency, Some(body.request_no))
+    let body: CommandBody = serde_json::from_slice(&delivery.data).map_err(|e| format!("invalid body: {e}"))?;
+    let request = PaymentRequest::new(body.order_no, body.amount, body.currency, Some(body.request_no))
         .map_err(|e| format!("invalid body: {e}"))?;
     Ok(Command { reply_to, correlation_id, request })
 }

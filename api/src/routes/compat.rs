@@ -4,7 +4,7 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use onceflow_payments::{OrderNo, PayRequest, PaymentStore, RequestNo, Token};
+use onceflow_payments::{OrderNo, PaymentRequest, PaymentStore, RequestNo, Token};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use utoipa::ToSchema;
@@ -21,9 +21,11 @@ pub struct LegacyToken {
     pub token: String,
 }
 
-/// The original service's payment request (the currency is the order's).
+/// A [`onceflow_payments::PaymentRequest`] as the original service's `/pay` receives it (the document's
+/// `LegacyPay`; the currency is the order's).
 #[derive(Debug, Deserialize, ToSchema)]
-pub struct LegacyPay {
+#[schema(as = LegacyPay)]
+pub struct LegacyPayBody {
     /// The idempotency token.
     #[schema(value_type = Token)]
     pub token: String,
@@ -74,7 +76,7 @@ pub async fn legacy_token<S: PaymentStore>(
 
 /// Pays an order (original design): `200 {"order_no", "request_no", "status": "PAID"}`; errors carry the
 /// original `{"message"}` inside a problem+json body, with the same status and code as `/v1/payments`.
-#[utoipa::path(post, path = "/pay", request_body = LegacyPay, tag = "original design",
+#[utoipa::path(post, path = "/pay", request_body = LegacyPayBody, tag = "original design",
     responses(
         (status = 200, description = "Paid", body = LegacyPaid),
         (status = 202, description = "Not final yet", body = LegacyPaid),
@@ -87,7 +89,7 @@ pub async fn legacy_token<S: PaymentStore>(
 pub async fn legacy_pay<S: PaymentStore>(
     State(state): State<AppState<S>>,
     tenant: Result<Tenant, ApiError>,
-    body: Result<ApiJson<LegacyPay>, ApiError>,
+    body: Result<ApiJson<LegacyPayBody>, ApiError>,
 ) -> Response {
     // Every error of this route carries the original `message`, a rejected body or key included.
     let paid = match (tenant, body) {
@@ -105,7 +107,7 @@ pub async fn legacy_pay<S: PaymentStore>(
     })
 }
 
-async fn pay<S: PaymentStore>(state: &AppState<S>, tenant: &str, body: LegacyPay) -> Result<Response, ApiError> {
+async fn pay<S: PaymentStore>(state: &AppState<S>, tenant: &str, body: LegacyPayBody) -> Result<Response, ApiError> {
     let tenant = tenant.to_owned();
     // As the original service checked: the token, then the order (a number that is not valid names none), then
     // the rest of the request.
@@ -121,7 +123,7 @@ async fn pay<S: PaymentStore>(state: &AppState<S>, tenant: &str, body: LegacyPay
     };
     let invalid = |e: onceflow_payments::InvalidField| ApiError::invalid(e.to_string());
     let request_no = body.request_no.map(RequestNo::parse).transpose().map_err(invalid)?;
-    let request = PayRequest::new(order.order_no, body.amount, order.currency, request_no).map_err(invalid)?;
+    let request = PaymentRequest::new(order.order_no, body.amount, order.currency, request_no).map_err(invalid)?;
     let answer = state.payments.pay(&tenant, &token, "/pay", &request, state.wait).await?;
     let v1: serde_json::Value = serde_json::from_str(&answer.body).unwrap_or_default();
     let text = |k: &str| v1.get(k).and_then(|v| v.as_str()).unwrap_or_default().to_owned();

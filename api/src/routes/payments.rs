@@ -7,7 +7,7 @@ use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::Response;
-use onceflow_payments::{Currency, OrderNo, PayRequest, PayResponse, PaymentBody, PaymentStore, RequestNo, Token};
+use onceflow_payments::{Currency, OrderNo, PayResponse, PaymentBody, PaymentRequest, PaymentStore, RequestNo, Token};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
@@ -18,11 +18,13 @@ use crate::state::{AppState, Tenant};
 /// Longest `Prefer: wait=N` honoured, in seconds.
 const MAX_WAIT_SECS: u64 = 60;
 
-/// A payment request. The idempotency token goes in the `Idempotency-Key` header (or, for the original
+/// A [`PaymentRequest`] as `POST /v1/payments` receives it (the document's `PaymentRequest`), checked field by
+/// field as it is read. The idempotency token goes in the `Idempotency-Key` header (or, for the original
 /// design's clients, in `token`).
 #[derive(Debug, Deserialize, ToSchema)]
+#[schema(as = PaymentRequest)]
 #[serde(deny_unknown_fields)]
-pub struct PaymentRequest {
+pub struct PaymentRequestBody {
     /// The order to pay.
     pub order_no: OrderNo,
     /// Minor units; must equal the order's.
@@ -105,7 +107,7 @@ pub(crate) fn pay_response(r: PayResponse) -> Response {
 }
 
 /// Pays an order, exactly once per token, whatever happens.
-#[utoipa::path(post, path = "/v1/payments", request_body = PaymentRequest, tag = "payments",
+#[utoipa::path(post, path = "/v1/payments", request_body = PaymentRequestBody, tag = "payments",
     params(
         ("Idempotency-Key" = String, Header, description = "Token from POST /v1/tokens: 1-128 characters of A-Z a-z 0-9 _ -"),
         ("Prefer" = Option<String>, Header, description = "wait=N: seconds to wait for a final result (max 60)"),
@@ -132,14 +134,14 @@ pub async fn pay<S: PaymentStore>(
     if !is_json(&headers) {
         return Err(unsupported_media_type());
     }
-    let parsed: Result<PaymentRequest, _> = serde_json::from_slice(&body);
+    let parsed: Result<PaymentRequestBody, _> = serde_json::from_slice(&body);
     let body_token = match &parsed {
         Ok(request) => request.token.clone(),
         Err(_) => serde_json::from_slice::<TokenOnly>(&body).ok().and_then(|b| b.token),
     };
     let token = token_of(&headers, body_token.as_deref())?;
     let request = parsed.map_err(|e| ApiError::invalid(format!("invalid body: {e}")))?;
-    let pay = PayRequest::new(request.order_no, request.amount, request.currency, request.request_no)
+    let pay = PaymentRequest::new(request.order_no, request.amount, request.currency, request.request_no)
         .map_err(|e| ApiError::invalid(e.to_string()))?;
     let wait = wait_of(&headers, state.wait);
     let response = state.payments.pay(&tenant, &token, "/v1/payments", &pay, wait).await?;

@@ -22,7 +22,8 @@ pub(crate) fn path_segment(segment: &str) -> String {
 }
 pub use mock_server::mock_channel_router;
 
-/// `POST /v1/charges`.
+/// `POST /v1/charges` (`contracts/channel.md`): what the channel is asked to charge for a payment, not the
+/// payment request itself.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ChargeRequest {
     /// The merchant charging: the tenant's channel merchant id (by default the tenant's name).

@@ -95,16 +95,16 @@ pub struct PaymentRecord {
     pub updated_at: i64,
 }
 
-/// A request to pay an order: valid by construction ([`PayRequest::new`]).
+/// A request to pay an order: valid by construction ([`PaymentRequest::new`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PayRequest {
+pub struct PaymentRequest {
     order_no: OrderNo,
     amount: i64,
     currency: Currency,
     request_no: Option<RequestNo>,
 }
 
-impl PayRequest {
+impl PaymentRequest {
     /// A request to pay `order_no` `amount` (minor units, > 0) in `currency`, as the payment `request_no` (derived
     /// from the token when `None`).
     pub fn new(

@@ -6,7 +6,8 @@ use serde::{Deserialize, Serialize};
 use crate::channel::ChargeRequest;
 use crate::model::{Currency, OrderNo, PaymentBody, PaymentStatus, RequestNo, Token, stored};
 
-/// What a payment workflow is started with: the request, resolved and bound to its token.
+/// What a payment workflow is started with: a [`crate::PaymentRequest`], resolved (its `request_no` fixed) and bound
+/// to its tenant, token and route. Stored as the workflow's input, so its shape is the history's.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PaymentInput {
     /// Owner.

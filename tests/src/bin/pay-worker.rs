@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use onceflow_engine::{EngineConfig, MySqlStore, PgStore, SqliteStore};
-use onceflow_payments::{HttpChannel, PayRequest, PaymentStore, Payments, Token};
+use onceflow_payments::{HttpChannel, PaymentRequest, PaymentStore, Payments, Token};
 use onceflow_tests::ids::{cny, order_no as order};
 
 #[tokio::main]
@@ -16,7 +16,7 @@ async fn main() -> anyhow::Result<()> {
     let [_, url, channel, token, order_no, amount] = args.as_slice() else {
         anyhow::bail!("usage: pay-worker <database-url> <channel-url> <token> <order-no> <amount>");
     };
-    let request = PayRequest::new(order(order_no.as_str()), amount.parse()?, cny(), None)?;
+    let request = PaymentRequest::new(order(order_no.as_str()), amount.parse()?, cny(), None)?;
     let token = &Token::parse(token.as_str())?;
     if url.starts_with("postgres") {
         run(PgStore::connect(url, 4).await?, channel, token, &request).await
@@ -27,7 +27,7 @@ async fn main() -> anyhow::Result<()> {
     }
 }
 
-async fn run<S: PaymentStore>(store: S, channel: &str, token: &Token, request: &PayRequest) -> anyhow::Result<()> {
+async fn run<S: PaymentStore>(store: S, channel: &str, token: &Token, request: &PaymentRequest) -> anyhow::Result<()> {
     store.migrate_payments().await?;
     let channel = Arc::new(HttpChannel::new(channel, Duration::from_secs(10))?);
     let config = EngineConfig {

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use onceflow_engine::{EngineConfig, PgStore};
-use onceflow_payments::{MockChannel, PayRequest, PaymentStore, Payments, Token};
+use onceflow_payments::{MockChannel, PaymentRequest, PaymentStore, Payments, Token};
 use onceflow_tests::baseline::fresh_db;
 use onceflow_tests::ids::pay_request;
 
@@ -13,7 +13,7 @@ use super::measure::{Run, drive};
 use super::options::Options;
 use super::seed::seed_pg;
 
-fn request(n: u64) -> PayRequest {
+fn request(n: u64) -> PaymentRequest {
     pay_request(format!("o{n}"), 1000, None)
 }
 
