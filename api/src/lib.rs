@@ -12,7 +12,8 @@
 //! store.migrate_payments().await?;
 //! let payments = Payments::new(store, Arc::new(MockChannel::reliable()), Default::default());
 //! payments.engine().spawn_background();
-//! let state = AppState { payments, auth: Auth::SingleTenant, wait: Duration::from_secs(10) };
+//! let wait = Duration::from_secs(10);
+//! let state = AppState { payments, auth: Auth::SingleTenant, wait, body_read_timeout: wait };
 //! let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
 //! axum::serve(listener, app(state)).await?;
 //! # Ok(()) }

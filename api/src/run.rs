@@ -153,10 +153,14 @@ impl OnPayments for Serve {
                 .await
                 .map_err(|e| ConfigError(format!("cannot listen on {}: {e}", args.listen)))?;
             tracing::info!(listen = %args.listen, database = %redact(&args.database.database_url), "serving");
-            let state = AppState { payments: payments.clone(), auth, wait: Duration::from_millis(args.wait_ms) };
+            let state = AppState {
+                payments: payments.clone(),
+                auth,
+                wait: Duration::from_millis(args.wait_ms),
+                body_read_timeout: args.body_read_timeout,
+            };
             let limits = crate::server::Limits {
                 header_read_timeout: args.header_read_timeout,
-                body_read_timeout: args.body_read_timeout,
                 max_connections: usize::try_from(args.max_connections).unwrap_or(usize::MAX),
             };
             crate::server::serve(listener, crate::routes::app(state), limits, shutdown_signal()).await?;

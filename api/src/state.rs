@@ -23,11 +23,18 @@ pub struct AppState<S: PaymentStore> {
     pub auth: Auth,
     /// Default wait of `POST /v1/payments` for a final result.
     pub wait: Duration,
+    /// How long a request's body may take to arrive once its headers are in (`408` after that).
+    pub body_read_timeout: Duration,
 }
 
 impl<S: PaymentStore> Clone for AppState<S> {
     fn clone(&self) -> Self {
-        Self { payments: self.payments.clone(), auth: self.auth.clone(), wait: self.wait }
+        Self {
+            payments: self.payments.clone(),
+            auth: self.auth.clone(),
+            wait: self.wait,
+            body_read_timeout: self.body_read_timeout,
+        }
     }
 }
 

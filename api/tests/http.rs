@@ -332,6 +332,10 @@ async fn openapi_says_what_the_server_answers() {
     let legacy = app.post("/pay", json!({"order_no": "O-f"})).await;
     assert_eq!(legacy.status, 400, "{}", legacy.text);
     assert!(legacy.json()["message"].is_string(), "{}", legacy.text);
+    let big = json!({"token": "t", "order_no": "O-f", "amount": 1, "pad": "x".repeat(70 * 1024)});
+    let legacy = app.post("/pay", big).await;
+    assert_eq!(legacy.status, 413, "{}", legacy.text);
+    assert!(legacy.json()["message"].is_string(), "an oversized body too: {}", legacy.text);
 }
 
 #[tokio::test]

@@ -253,6 +253,7 @@ async fn slow_bodies_cannot_hold_the_server() {
         let got = String::from_utf8_lossy(&read.expect("a connection with half its body is still open")).into_owned();
         assert!(got.starts_with("HTTP/1.1 408"), "{got}");
         assert!(got.contains("request_timeout") && got.contains("application/problem+json"), "{got}");
+        assert!(got.to_ascii_lowercase().contains("x-request-id"), "a 408 carries its request id: {got}");
     }
     drop(child);
     let answered = answered.expect("a request behind slow bodies got no answer").unwrap();

@@ -16,6 +16,7 @@ use onceflow_payments::PaymentStore;
 
 use crate::state::AppState;
 
+mod body;
 pub mod compat;
 pub mod ops;
 pub mod orders;
@@ -30,6 +31,7 @@ pub const BODY_LIMIT: usize = 64 * 1024;
 pub fn app<S: PaymentStore>(state: AppState<S>) -> Router {
     crate::metrics::install();
     let request_id = HeaderName::from_static("x-request-id");
+    let body_read_timeout = state.body_read_timeout;
     Router::new()
         .route("/v1/orders", post(orders::create_order::<S>))
         .route("/v1/orders/{order_no}", get(orders::get_order::<S>))
@@ -48,6 +50,9 @@ pub fn app<S: PaymentStore>(state: AppState<S>) -> Router {
         .route("/openapi.json", get(ops::openapi))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        // Innermost: a body is read (within its time) before any route sees it, inside the request id, the trace
+        // and the request count, which then cover a `408` too.
+        .layer(middleware::from_fn(move |req: Request, next: Next| body::read_within(body_read_timeout, req, next)))
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .layer(middleware::from_fn(track))
         .layer(PropagateRequestIdLayer::new(request_id.clone()))

@@ -50,7 +50,8 @@ impl OnPayments for Router {
 
     async fn run<S: PaymentStore>(self, payments: Payments<S>) -> axum::Router {
         payments.engine().spawn_background();
-        app(AppState { payments, auth: self.0, wait: Duration::from_secs(10) })
+        let wait = Duration::from_secs(10);
+        app(AppState { payments, auth: self.0, wait, body_read_timeout: wait })
     }
 }
 
