@@ -296,6 +296,10 @@ impl<S: PaymentStore> Payments<S> {
         crate::error::again_if_transient(|| async { Ok(self.store().ensure_token(&unused).await?) }).await?;
         let mut response = self.pay(tenant, &token, COMMAND_ROUTE, request, wait).await?;
         if problem_code(&response).as_deref() == Some("order_not_found") {
+            // The number's own payment, past its retention, was for an order that exists: other fields.
+            if self.payment(tenant, request_no).await?.is_some_and(|record| record.token == token) {
+                return Ok(command_mismatch(request_no));
+            }
             // Nothing was recorded, so over HTTP the token stays usable; a command's answer is kept instead, so
             // that a redelivery after the order appears answers the same bytes rather than paying. A payment
             // that claimed the token meanwhile is the answer.
@@ -306,8 +310,15 @@ impl<S: PaymentStore> Payments<S> {
             }
         }
         match problem_code(&response).as_deref() {
-            // The token is the command's own, so say so in the command's terms.
-            Some("idempotency_key_mismatch") => Ok(command_mismatch(request_no)),
+            // The token is the command's own, so say so in the command's terms. Unless the command has the fields
+            // of its own payment, whose answer and history were deleted (past their retention) and whose token,
+            // made again, a command with other fields took first: the record still answers this one.
+            Some("idempotency_key_mismatch") => match self.payment(tenant, request_no).await? {
+                Some(record) if record.token == token && same_fields(&record, request) => {
+                    Ok(answer_of_record(&record).unwrap_or_else(|| command_mismatch(request_no)))
+                }
+                _ => Ok(command_mismatch(request_no)),
+            },
             // The number is another payment's (an HTTP one): that payment is the answer. Found here rather than
             // looked up before paying: a first delivery costs no read, and a command that meets an HTTP payment
             // only records its own refused attempt (no order reserved, nothing charged), which every later
@@ -315,10 +326,12 @@ impl<S: PaymentStore> Payments<S> {
             Some("request_no_conflict") => match self.payment(tenant, request_no).await? {
                 Some(record) if record.token != token => self.answer_of_payment(tenant, record, request, wait).await,
                 // The command's own payment, and yet a conflict: its answer and its history were deleted (past
-                // their retention), so this delivery started afresh and met its own record. What the record
-                // says, unless it failed: then the conflict stands (the record does not hold a failure's answer,
-                // and it is also what a payment whose number the channel holds for another answers).
-                Some(record) => Ok(answer_of_record(&record).unwrap_or(response)),
+                // their retention), so this delivery started afresh and met its own record. With the record's
+                // fields, what the record says, unless it failed: then the conflict stands (the record does not
+                // hold a failure's answer, and it is also what a payment whose number the channel holds for
+                // another answers). With other fields, 422.
+                Some(record) if same_fields(&record, request) => Ok(answer_of_record(&record).unwrap_or(response)),
+                Some(_) => Ok(command_mismatch(request_no)),
                 None => Ok(response),
             },
             _ => Ok(response),
@@ -335,10 +348,7 @@ impl<S: PaymentStore> Payments<S> {
         request: &PaymentRequest,
         wait: Duration,
     ) -> Result<PayResponse> {
-        if record.order_no != *request.order_no()
-            || record.amount != request.amount()
-            || record.currency != *request.currency()
-        {
+        if !same_fields(&record, request) {
             return Ok(command_mismatch(&record.request_no));
         }
         let stored = || async {
@@ -371,6 +381,13 @@ impl<S: PaymentStore> Payments<S> {
             PayResponse::problem(409, "request_no_conflict", "Request number in use", &detail)
         }))
     }
+}
+
+/// Whether `request` asks for what the payment of `record` was for (its order, amount and currency).
+fn same_fields(record: &PaymentRecord, request: &PaymentRequest) -> bool {
+    record.order_no == *request.order_no()
+        && record.amount == request.amount()
+        && record.currency == *request.currency()
 }
 
 /// A payment's answer from its record alone, for when neither its token's stored answer nor its workflow is kept:

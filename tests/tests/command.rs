@@ -9,8 +9,8 @@ use std::time::Duration;
 use onceflow_engine::EngineConfig;
 use onceflow_engine::clock::{Clock, ManualClock};
 use onceflow_payments::{
-    MockChannel, MockChannelConfig, PaymentRequest, PaymentStore, Payments, Retention, Token, TokenRecord, TokenState,
-    check_invariants,
+    MockChannel, MockChannelConfig, OrderStatus, PaymentRequest, PaymentStore, Payments, Retention, Token, TokenRecord,
+    TokenState, check_invariants,
 };
 use onceflow_tests::ids::{cny, order_no, pay_request, request_no};
 use onceflow_tests::{TestDb, on_every_backend};
@@ -156,6 +156,13 @@ async fn a_command_sent_again_after_its_retention_is_its_own_payment<S: TestDb +
     clock.advance(4 * HOUR);
     let pass = p.retention_pass(false).await.unwrap().unwrap();
     assert_eq!((pass.used_tokens, pass.workflows), (2, 2), "{pass:?}");
+    // Other fields under the numbers, arriving first: refused as such, never answered with the payments.
+    p.create_order(T, &order_no("O-3"), 1000, &cny()).await.unwrap();
+    for (order, amount, number) in [("O-3", 1000, "R-1"), ("O-1", 999, "R-1"), ("O-404", 1000, "R-2")] {
+        let stray = p.pay_command(T, &request(order, amount, Some(number)), WAIT).await.unwrap();
+        assert_eq!((stray.status, code(&stray.body)), (422, "idempotency_key_mismatch".into()), "{order} {number}");
+    }
+    assert_eq!(p.order(T, &order_no("O-3")).await.unwrap().unwrap().status, OrderStatus::Pending);
     for _ in 0..2 {
         let again = p.pay_command(T, &request("O-1", 1000, Some("R-1")), WAIT).await.unwrap();
         assert_eq!((again.status, &again.body), (201, &paid.body), "the charge, as first answered");
