@@ -8,10 +8,11 @@
 //! three processes started together exited). Here the lock is *tried*, every [`RETRY`]: between tries a waiting
 //! process holds no snapshot, and the build goes on.
 //!
-//! A build that died half-way (its process killed) leaves its index INVALID and its migration unrecorded:
-//! `IF NOT EXISTS` would keep the broken index for good, a plain `CREATE` fail every later start. Under the
-//! lock, before migrating, such an index of a migration not yet applied is dropped, so the migration builds it
-//! again.
+//! A build whose process died leaves its index behind with its migration unrecorded: INVALID if the build
+//! stopped half-way, valid if the server finished it after the process was gone. `IF NOT EXISTS` would keep a
+//! broken index for good, a plain `CREATE` fail every later start. Under the lock, before migrating, such an
+//! index of a migration not yet applied, found on that migration's table and not being built right now, is
+//! dropped, so the migration builds it again.
 
 use std::time::{Duration, Instant};
 
@@ -35,7 +36,7 @@ pub(super) async fn run(pool: &sqlx::PgPool, migrator: &'static Migrator) -> Res
     // However this ends, the connection is closed rather than pooled: a lock it still held goes with it.
     conn.close_on_drop();
     wait_for_lock(&mut conn).await?;
-    drop_broken_indexes(&mut conn, migrator).await?;
+    drop_leftover_indexes(&mut conn, migrator).await?;
     let unlocked = common::without_lock(migrator);
     // `run_direct` is `run` on a connection we hold (the one with the lock), without `Acquire`'s lifetimes, which
     // do not fit a future that must be `Send`.
@@ -62,8 +63,10 @@ async fn wait_for_lock(conn: &mut PoolConnection<Postgres>) -> Result<()> {
     }
 }
 
-/// Drops every INVALID index that a migration of `migrator` not yet applied builds `CONCURRENTLY`.
-async fn drop_broken_indexes(conn: &mut PoolConnection<Postgres>, migrator: &Migrator) -> Result<()> {
+/// Drops every index that a migration of `migrator` not yet applied builds `CONCURRENTLY` and that exists already
+/// on its table: a build that died left it, INVALID (killed mid-build) or valid and unrecorded (the build finished
+/// after its process was gone, before the migration's history row). Not one being built right now.
+async fn drop_leftover_indexes(conn: &mut PoolConnection<Postgres>, migrator: &Migrator) -> Result<()> {
     let applied = format!("SELECT version FROM {}", migrator.table_name);
     let applied: Vec<i64> = match sqlx::query_scalar(sqlx::AssertSqlSafe(applied)).fetch_all(&mut **conn).await {
         Ok(applied) => applied,
@@ -72,58 +75,78 @@ async fn drop_broken_indexes(conn: &mut PoolConnection<Postgres>, migrator: &Mig
         Err(e) => return Err(e.into()),
     };
     let pending = migrator.iter().filter(|m| !applied.contains(&m.version));
-    let names: Vec<String> = pending.flat_map(|m| concurrent_indexes(m.sql.as_str())).collect();
+    let (names, tables): (Vec<String>, Vec<String>) = pending.flat_map(|m| concurrent_indexes(m.sql.as_str())).unzip();
     if names.is_empty() {
         return Ok(());
     }
-    let broken = sqlx::query(
-        "SELECT c.relname::text FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid \
-         WHERE NOT i.indisvalid AND c.relname = ANY($1) AND pg_catalog.pg_table_is_visible(c.oid)",
+    let leftovers = sqlx::query(
+        "SELECT c.relname::text FROM unnest($1::text[], $2::text[]) AS wanted(name, tbl) \
+         JOIN pg_class c ON c.relname = wanted.name AND pg_catalog.pg_table_is_visible(c.oid) \
+         JOIN pg_index i ON i.indexrelid = c.oid \
+         JOIN pg_class t ON t.oid = i.indrelid AND t.relname = wanted.tbl \
+         WHERE NOT EXISTS (SELECT 1 FROM pg_stat_progress_create_index p WHERE p.index_relid = c.oid)",
     )
     .bind(&names)
+    .bind(&tables)
     .fetch_all(&mut **conn)
     .await?;
-    for row in broken {
+    for row in leftovers {
         let name: String = row.get(0);
-        tracing::warn!(index = %name, "an earlier build of this index died half-way: dropping it to build it again");
+        tracing::warn!(index = %name, "an earlier build of this index died before its migration was recorded: \
+            dropping it to build it again");
         let drop = format!("DROP INDEX CONCURRENTLY IF EXISTS \"{}\"", name.replace('"', "\"\""));
         sqlx::raw_sql(sqlx::AssertSqlSafe(drop)).execute(&mut **conn).await?;
     }
     Ok(())
 }
 
-/// The names of the indexes `sql` creates `CONCURRENTLY` (`CREATE [UNIQUE] INDEX CONCURRENTLY [IF NOT EXISTS]
-/// name`), comments skipped.
-fn concurrent_indexes(sql: &str) -> Vec<String> {
+/// The indexes `sql` creates `CONCURRENTLY`, with their tables (`CREATE [UNIQUE] INDEX CONCURRENTLY [IF NOT
+/// EXISTS] name ON [ONLY] table`), comments skipped.
+fn concurrent_indexes(sql: &str) -> Vec<(String, String)> {
     let code: String = sql.lines().map(|l| l.split("--").next().unwrap_or("")).collect::<Vec<_>>().join(" ");
-    let words: Vec<String> = code.split_whitespace().map(str::to_ascii_lowercase).collect();
-    let original: Vec<&str> = code.split_whitespace().collect();
-    let mut names = Vec::new();
-    for (i, w) in words.iter().enumerate() {
-        if w != "concurrently" || i < 1 || words[i - 1] != "index" {
+    let words: Vec<&str> = code.split_whitespace().collect();
+    let is = |at: usize, word: &str| words.get(at).is_some_and(|w| w.eq_ignore_ascii_case(word));
+    let unquoted = |w: &str| w.trim_matches('"').to_owned();
+    let mut found = Vec::new();
+    for at in 1..words.len() {
+        if !(is(at, "concurrently") && is(at - 1, "index")) {
             continue;
         }
-        let mut at = i + 1;
-        if words.get(at).map(String::as_str) == Some("if") {
-            at += 3;
+        let mut name = at + 1;
+        if is(name, "if") {
+            name += 3;
         }
-        if let Some(name) = original.get(at).filter(|n| !n.eq_ignore_ascii_case("on")) {
-            names.push(name.trim_matches('"').to_owned());
+        let mut table = name + 2;
+        if !is(name + 1, "on") {
+            continue;
+        }
+        if is(table, "only") {
+            table += 1;
+        }
+        if let (Some(n), Some(t)) = (words.get(name), words.get(table)) {
+            // A table named with its columns attached (`t(x)`) still names `t`.
+            let t = t.split('(').next().unwrap_or(t);
+            found.push((unquoted(n), unquoted(t)));
         }
     }
-    names
+    found
 }
 
 #[cfg(test)]
 mod tests {
     use super::concurrent_indexes;
 
+    fn pairs(sql: &str) -> Vec<(String, String)> {
+        concurrent_indexes(sql)
+    }
+
     #[test]
-    fn the_names_of_indexes_built_concurrently() {
+    fn the_indexes_built_concurrently_and_their_tables() {
         let sql = "-- no-transaction\n-- CREATE INDEX CONCURRENTLY not_me ON t (x);\n\
                    CREATE INDEX CONCURRENTLY IF NOT EXISTS tokens_retention ON idempotency_tokens\n    (state);";
-        assert_eq!(concurrent_indexes(sql), ["tokens_retention"]);
-        assert_eq!(concurrent_indexes("CREATE UNIQUE INDEX CONCURRENTLY \"a\" ON t (x)"), ["a"]);
-        assert!(concurrent_indexes("CREATE INDEX a ON t (x); ALTER TABLE t ADD COLUMN c int").is_empty());
+        assert_eq!(pairs(sql), [("tokens_retention".to_owned(), "idempotency_tokens".to_owned())]);
+        let sql = "CREATE UNIQUE INDEX CONCURRENTLY \"a\" ON ONLY t(x)";
+        assert_eq!(pairs(sql), [("a".to_owned(), "t".to_owned())]);
+        assert!(pairs("CREATE INDEX a ON t (x); ALTER TABLE t ADD COLUMN c int").is_empty());
     }
 }
