@@ -34,16 +34,16 @@ impl<S: Store> Engine<S> {
         let interval = millis(self.core.config.count_interval);
         let stale = last.as_ref().is_none_or(|c| self.core.now() - c.counted_at >= interval);
         if stale && !self.core.counting.swap(true, Ordering::AcqRel) {
-            let engine = self.clone();
-            tokio::spawn(async move {
-                // Cleared however the count ends (a panic included), or no count would ever start again.
-                struct Counting<S: Store>(Engine<S>);
-                impl<S: Store> Drop for Counting<S> {
-                    fn drop(&mut self) {
-                        self.0.core.counting.store(false, Ordering::Release);
-                    }
+            // Cleared however the count ends (a panic included, or a task dropped unpolled at shutdown), or no count
+            // would ever start again.
+            struct Counting<S: Store>(Engine<S>);
+            impl<S: Store> Drop for Counting<S> {
+                fn drop(&mut self) {
+                    self.0.core.counting.store(false, Ordering::Release);
                 }
-                let counting = Counting(engine);
+            }
+            let counting = Counting(self.clone());
+            tokio::spawn(async move {
                 if let Err(e) = counting.0.refresh_counts().await {
                     tracing::warn!(error = %e, "counting workflows by state failed");
                 }
