@@ -21,6 +21,7 @@ mod page;
 mod postgres;
 mod records;
 mod sqlite;
+mod stored_as_text;
 
 pub use crate::error::is_transient;
 pub use held::Writer;
