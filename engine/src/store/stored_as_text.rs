@@ -10,8 +10,8 @@
 ///   string constants with no migration and no change to any stored value. A value this version does not know
 ///   is a decode error, never a silent default.
 ///
-/// The crates above the engine use it for their statuses, so that each stored status is written and read by the
-/// same code. Keep the texts and any
+/// Statuses of the engine ([`WorkflowState`](crate::store::WorkflowState) and the others) and of the crates
+/// above it use it, so that each stored status is written and read by the same code. Keep the texts and any
 /// `#[serde(rename_all = "snake_case")]` of the type in agreement, as its tests check. The expansion names
 /// `::sqlx`: the calling crate depends on sqlx (the one it binds with).
 ///

@@ -3,10 +3,10 @@
 use super::{Deleted, PgStore};
 use crate::error::Result;
 
-/// One batch as one statement (its own short transaction): the oldest finished workflows through the partial
-/// index `workflows_finished` (a `failed` one only once nothing it registered is left to undo: see
-/// [`crate::store::state::DELETABLE`]), locked `SKIP LOCKED` (a row an operator's retry holds is left for the next
-/// pass; a row that changed since the statement's snapshot is re-checked on its new version, so a reopened
+/// One batch as one statement (its own short transaction): the oldest finished workflows through the partial index
+/// `workflows_finished` (a `failed` one only once nothing it registered is left to undo: see
+/// [`crate::store::WorkflowState::DELETABLE`]), locked `SKIP LOCKED` (a row an operator's retry holds is left for the
+/// next pass; a row that changed since the statement's snapshot is re-checked on its new version, so a reopened
 /// workflow is not deleted), then their step rows.
 const DELETE_FINISHED: &str = "WITH doomed AS ( \
        SELECT workflow_id FROM workflows \

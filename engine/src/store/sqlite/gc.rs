@@ -4,8 +4,8 @@ use super::{Deleted, SqliteStore, Store};
 use crate::error::Result;
 
 /// The oldest finished workflows (a `failed` one only once nothing it registered is left to undo: see
-/// [`crate::store::state::DELETABLE`]), through the partial index `workflows_finished`, named: without statistics
-/// SQLite would rather take `workflows_state` for the `IN` and sort every finished workflow.
+/// [`crate::store::WorkflowState::DELETABLE`]), through the partial index `workflows_finished`, named: without
+/// statistics SQLite would rather take `workflows_state` for the `IN` and sort every finished workflow.
 const DOOMED: &str = "SELECT workflow_id FROM workflows INDEXED BY workflows_finished \
      WHERE state IN ('completed', 'failed', 'cancelled') AND updated_at <= $1 \
        AND (state <> 'failed' OR NOT EXISTS (SELECT 1 FROM json_each(compensations) \
