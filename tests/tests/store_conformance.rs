@@ -209,6 +209,29 @@ async fn lists_notifies_and_reopens<S: TestDb>(store: S) {
     assert!(store.reopen("missing", &[WorkflowState::Running], Reopen::Cancel, None, 9).await.is_err());
 }
 
+/// Statuses are stored as the texts older versions wrote and read (SQL that names them as literals finds them),
+/// and rows with those texts read back; a state this version does not know is an error, never a default.
+async fn statuses_are_stored_as_their_text<S: TestDb>(store: S) {
+    let mut tx = store.begin().await.unwrap();
+    store.insert_workflow(&mut tx, &workflow("w", Some("me"), Some(100), 0), &[]).await.unwrap();
+    store.write_steps(&mut tx, &[step_row("w", "a", StepStatus::Retrying, 1)]).await.unwrap();
+    let update = WorkflowUpdate { state: Some(WorkflowState::CompensationFailed), ..Default::default() };
+    assert_eq!(store.fence(&mut tx, "w", 1, &update, 5, None).await.unwrap(), Some(false));
+    tx.commit().await.unwrap();
+    let found = |sql| store.execute(sql, "w");
+    let row = "UPDATE workflows SET notify = notify WHERE workflow_id = $1 AND state = 'compensation_failed'";
+    assert_eq!(found(row).await.unwrap(), 1);
+    let step = "UPDATE workflow_steps SET attempts = attempts \
+        WHERE workflow_id = $1 AND kind = 'transactional' AND status = 'retrying'";
+    assert_eq!(found(step).await.unwrap(), 1);
+    found("UPDATE workflows SET state = 'cancelled' WHERE workflow_id = $1").await.unwrap();
+    assert_eq!(store.workflow("w").await.unwrap().unwrap().state, WorkflowState::Cancelled);
+    assert_eq!(store.count_by_state().await.unwrap(), [(WorkflowState::Cancelled, 1)]);
+    found("UPDATE workflows SET state = 'paused' WHERE workflow_id = $1").await.unwrap();
+    assert!(store.workflow("w").await.is_err(), "an unknown state does not decode");
+    assert!(store.count_by_state().await.is_err());
+}
+
 on_every_backend!(
     persist_inserts_once_then_fences,
     insert_is_unique,
@@ -217,4 +240,5 @@ on_every_backend!(
     claims_only_due_and_unleased,
     lists_notifies_and_reopens,
     compensations_ride_with_the_workflow_row,
+    statuses_are_stored_as_their_text,
 );

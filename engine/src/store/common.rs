@@ -122,6 +122,14 @@ pub(crate) fn without_lock(migrator: &'static sqlx::migrate::Migrator) -> sqlx::
     }
 }
 
+/// `state IN ('completed', 'failed', 'cancelled')`: the condition the retention's SQL writes out in each backend's
+/// `gc.rs`, built from [`WorkflowState::DELETABLE`] for their tests to check it against.
+#[cfg(test)]
+pub(crate) fn deletable_states_in() -> String {
+    let states: Vec<String> = WorkflowState::DELETABLE.iter().map(|s| format!("'{s}'")).collect();
+    format!("state IN ({})", states.join(", "))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -86,4 +86,21 @@ mod tests {
         let statuses: Vec<_> = back.iter().map(|c| c.status).collect();
         assert_eq!(statuses, [CompensationStatus::Done, CompensationStatus::Registered]);
     }
+
+    #[test]
+    fn the_stored_form_is_the_one_older_versions_wrote_and_read() {
+        let stored = concat!(
+            r#"[{"seq":0,"step_key":"step0","name":"undo","input":"{\"a\":\"\\\"quoted\\\"\"}","status":"done"},"#,
+            r#"{"seq":1,"step_key":"step1","name":"undo","input":"{\"a\":\"\\\"quoted\\\"\"}","status":"registered"}]"#,
+        );
+        let comps = [comp(0, CompensationStatus::Done), comp(1, CompensationStatus::Registered)];
+        assert_eq!(encode(&comps).unwrap(), stored);
+        assert_eq!(decode("w", Some(stored)).unwrap(), comps);
+    }
+
+    #[test]
+    fn a_status_this_version_does_not_know_does_not_decode() {
+        let stored = r#"[{"seq":0,"step_key":"s","name":"undo","input":"null","status":"skipped"}]"#;
+        assert!(decode("w", Some(stored)).is_err());
+    }
 }

@@ -45,3 +45,14 @@ pub(super) async fn count_finished(store: &MySqlStore, ended_by: i64) -> Result<
     let steps: i64 = sqlx::query_scalar(COUNT_STEPS).bind(ended_by).fetch_one(store.pool()).await?;
     Ok(Deleted { workflows: u64::try_from(workflows).unwrap_or(0), steps: u64::try_from(steps).unwrap_or(0) })
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn deletes_the_deletable_states_only() {
+        let deletable = crate::store::common::deletable_states_in();
+        for sql in [super::DOOMED, super::COUNT_WORKFLOWS, super::COUNT_STEPS] {
+            assert!(sql.contains(&deletable), "{sql}");
+        }
+    }
+}

@@ -37,3 +37,14 @@ pub(super) async fn count_finished(store: &PgStore, ended_by: i64) -> Result<Del
 fn deleted(workflows: i64, steps: i64) -> Deleted {
     Deleted { workflows: u64::try_from(workflows).unwrap_or(0), steps: u64::try_from(steps).unwrap_or(0) }
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn deletes_the_deletable_states_only() {
+        let deletable = crate::store::common::deletable_states_in();
+        for sql in [super::DELETE_FINISHED, super::COUNT_FINISHED] {
+            assert!(sql.contains(&deletable), "{sql}");
+        }
+    }
+}

@@ -40,3 +40,14 @@ pub(super) async fn count_finished(store: &SqliteStore, ended_by: i64) -> Result
     let (workflows, steps): (i64, i64) = sqlx::query_as(COUNT_FINISHED).bind(ended_by).fetch_one(&store.pool).await?;
     Ok(Deleted { workflows: u64::try_from(workflows).unwrap_or(0), steps: u64::try_from(steps).unwrap_or(0) })
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn deletes_the_deletable_states_only() {
+        let deletable = crate::store::common::deletable_states_in();
+        for sql in [super::DOOMED, super::COUNT_FINISHED] {
+            assert!(sql.contains(&deletable), "{sql}");
+        }
+    }
+}
