@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use onceflow_engine::store::WorkflowState;
 use onceflow_payments::Retention;
 
 /// `onceflow`: durable saga engine and payment service.
@@ -228,7 +229,7 @@ pub enum WorkflowsCommand {
         database: DatabaseArgs,
         /// running, compensating, completed, failed, compensation_failed or cancelled.
         #[arg(long, env = "ONCEFLOW_STATE")]
-        state: Option<String>,
+        state: Option<WorkflowState>,
         /// Only this tenant's workflows.
         #[arg(long, env = "ONCEFLOW_TENANT")]
         tenant: Option<String>,

@@ -10,7 +10,7 @@ use utoipa::{OpenApi, ToSchema};
 
 use onceflow_payments::{KEY_PATTERN, TOKEN_PATTERN};
 
-use crate::routes::views::WorkflowState;
+use crate::routes::views::WorkflowStateSchema;
 use crate::routes::{compat, ops, orders, payments, tokens};
 
 /// A problem (RFC 9457), the shape of every error.
@@ -143,7 +143,7 @@ fn complete_parameter(path: &str, param: &mut Value) {
             json!({ "type": "string", "pattern": TOKEN_PATTERN })
         }
         // The same enum as a workflow's `state` in the answers: one type for clients.
-        "state" => json!({ "$ref": format!("#/components/schemas/{}", WorkflowState::name()) }),
+        "state" => json!({ "$ref": format!("#/components/schemas/{}", WorkflowStateSchema::name()) }),
         "limit" => json!({ "type": "integer", "format": "int64", "minimum": 1, "maximum": 1000 }),
         _ => return,
     };

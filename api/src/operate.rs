@@ -20,11 +20,8 @@ impl OnPayments for Operate {
         let engine = payments.engine();
         match self.0 {
             WorkflowsCommand::List { state, tenant, limit, .. } => {
-                let filter = onceflow_engine::store::WorkflowFilter {
-                    state: state.as_deref(),
-                    tenant: tenant.as_deref(),
-                    ..Default::default()
-                };
+                let filter =
+                    onceflow_engine::store::WorkflowFilter { state, tenant: tenant.as_deref(), ..Default::default() };
                 let page = engine.list(filter, limit).await?;
                 println!("{:<48} {:<10} {:<20} {:>5}  UPDATED", "WORKFLOW", "NAME", "STATE", "EPOCH");
                 for w in &page {
@@ -68,7 +65,7 @@ fn shown(view: WorkflowView) -> String {
     for (label, value) in [
         ("workflow", Some(w.workflow_id)),
         ("name", Some(w.name)),
-        ("state", Some(w.state)),
+        ("state", Some(w.state.to_string())),
         ("epoch", Some(w.lease_epoch.to_string())),
         ("created", Some(w.created_at)),
         ("updated", Some(w.updated_at)),

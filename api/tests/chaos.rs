@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use onceflow_engine::store::state;
+use onceflow_engine::store::WorkflowState;
 use onceflow_engine::{MySqlStore, PgStore};
 use onceflow_payments::{
     MockChannel, MockChannelConfig, OrderNo, PaymentStore, Token, TokenState, check_invariants, mock_channel_router,
@@ -278,8 +278,8 @@ async fn chaos<S: PaymentStore>(db: String, store: S) {
     let started = Instant::now();
     loop {
         let in_state = |state| onceflow_engine::store::WorkflowFilter { state: Some(state), ..Default::default() };
-        let mut open = store.list(in_state(state::RUNNING), 1).await.unwrap();
-        open.extend(store.list(in_state(state::COMPENSATING), 1).await.unwrap());
+        let mut open = store.list(in_state(WorkflowState::Running), 1).await.unwrap();
+        open.extend(store.list(in_state(WorkflowState::Compensating), 1).await.unwrap());
         if open.is_empty() {
             break;
         }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use common::{App, database, start};
 use onceflow_api::{Auth, OnPayments, with_payments};
-use onceflow_engine::store::{Cursor, WorkflowFilter, WorkflowRecord};
+use onceflow_engine::store::{Cursor, WorkflowFilter, WorkflowRecord, WorkflowState};
 use onceflow_engine::{EngineConfig, PgStore, Store};
 use onceflow_payments::{MockChannel, MockChannelConfig, PaymentStore, Payments};
 use serde_json::{Value, json};
@@ -105,7 +105,7 @@ async fn insert_workflows(
                     name: "payment".into(),
                     input: json!({"tenant": self.1}).to_string(),
                     input_hash: "x".into(),
-                    state: "completed".into(),
+                    state: WorkflowState::Completed,
                     output: Some("{}".into()),
                     error: None,
                     lease_owner: None,
@@ -374,12 +374,12 @@ async fn the_list_query_uses_the_index_on_postgres() {
     for (filter, index) in [
         (tenant(None, None), "workflows_tenant_page"),
         (tenant(None, Some(&cursor)), "workflows_tenant_page"),
-        (tenant(Some("completed"), Some(&cursor)), "workflows_tenant_page"),
+        (tenant(Some(WorkflowState::Completed), Some(&cursor)), "workflows_tenant_page"),
         // Every tenant's: one branch per state, each on the state's range of workflows_state (sorting a
         // millisecond's rows by id: on this small table the planner sorts the branch whole, on a large one it
         // sorts incrementally; see engine/src/store/postgres/list.rs).
         (WorkflowFilter { after: Some(&cursor), ..Default::default() }, "workflows_state"),
-        (WorkflowFilter { state: Some("completed"), ..Default::default() }, "workflows_state"),
+        (WorkflowFilter { state: Some(WorkflowState::Completed), ..Default::default() }, "workflows_state"),
     ] {
         let plan = PgStore::explain_list(&mut conn, filter, 21).await.unwrap();
         assert!(plan.contains(&format!("Index Scan Backward using {index}")), "{filter:?}\n{plan}");

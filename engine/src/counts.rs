@@ -14,13 +14,13 @@ use std::sync::atomic::Ordering;
 use crate::core::millis;
 use crate::engine::Engine;
 use crate::error::Result;
-use crate::store::{Store, state};
+use crate::store::{Store, WorkflowState};
 
 /// How many workflows were in each state, when last counted.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WorkflowCounts {
-    /// Every state ([`state::ALL`]) with its count (0 when none are in it).
-    pub by_state: Vec<(&'static str, i64)>,
+    /// Every state ([`WorkflowState::ALL`]) with its count (0 when none are in it).
+    pub by_state: Vec<(WorkflowState, i64)>,
     /// When they were counted (ms since the epoch, the engine's clock).
     pub counted_at: i64,
 }
@@ -56,8 +56,10 @@ impl<S: Store> Engine<S> {
     /// [`Engine::workflow_counts`].
     pub async fn refresh_counts(&self) -> Result<WorkflowCounts> {
         let counted = self.core.store.count_by_state().await?;
-        let by_state =
-            state::ALL.iter().map(|s| (*s, counted.iter().find(|(c, _)| c == s).map_or(0, |(_, n)| *n))).collect();
+        let by_state = WorkflowState::ALL
+            .into_iter()
+            .map(|s| (s, counted.iter().find(|(c, _)| *c == s).map_or(0, |(_, n)| *n)))
+            .collect();
         let counts = WorkflowCounts { by_state, counted_at: self.core.now() };
         *self.core.counts.lock().unwrap_or_else(PoisonError::into_inner) = Some(counts.clone());
         Ok(counts)

@@ -16,7 +16,7 @@ use crate::core::{Core, Subscription, millis};
 use crate::error::{Error, Result};
 use crate::outcome::Outcome;
 use crate::run::drive;
-use crate::store::{Store, WorkflowRecord, state};
+use crate::store::{Store, WorkflowRecord, WorkflowState};
 use crate::workflow::{ErasedWorkflow, Workflow};
 
 /// The workflow types an engine runs, by name.
@@ -138,7 +138,7 @@ impl<S: Store> Engine<S> {
             name: W::NAME.to_owned(),
             input,
             input_hash: hash.clone(),
-            state: state::RUNNING.to_owned(),
+            state: WorkflowState::Running,
             output: None,
             error: None,
             lease_owner: Some(self.core.owner.clone()),
@@ -207,7 +207,7 @@ impl<S: Store> Engine<S> {
                 let mut record = self.core.store.workflow(workflow_id).await?;
                 // Ask the runner elsewhere for a notification only for a workflow still running: a finished one
                 // (every repeat of a finished payment) is answered by the read, without a write.
-                if !asked_remote && record.as_ref().is_some_and(|r| !state::is_final(&r.state)) {
+                if !asked_remote && record.as_ref().is_some_and(|r| !r.state.is_final()) {
                     asked_remote = self.listen_remote().await;
                     if asked_remote {
                         record = self.core.store.request_notify(workflow_id).await?;

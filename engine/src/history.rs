@@ -11,11 +11,11 @@ impl<S: Store> Engine<S> {
         self.core.now()
     }
 
-    /// Deletes one batch of at most `limit` finished workflows that ended at or before `ended_by` (ms), with
-    /// their steps, in one short transaction: `completed`, `failed` and `cancelled` ones (see
-    /// [`crate::store::state::DELETABLE`]); running, compensating and `compensation_failed` workflows are never
-    /// deleted, nor a `failed` one that a step mismatch stopped with nothing undone. Call it until it deletes
-    /// fewer than `limit`.
+    /// Deletes one batch of at most `limit` finished workflows that ended at or before `ended_by` (ms), with their
+    /// steps, in one short transaction: `completed`, `failed` and `cancelled` ones (see
+    /// [`crate::store::WorkflowState::DELETABLE`]); running, compensating and `compensation_failed` workflows are never
+    /// deleted, nor a `failed` one that a step mismatch stopped with nothing undone. Call it until it deletes fewer
+    /// than `limit`.
     pub async fn delete_finished_before(&self, ended_by: i64, limit: i64) -> Result<Deleted> {
         self.core.store.delete_finished(ended_by, limit.max(1)).await
     }

@@ -4,7 +4,9 @@ use serde::Serialize;
 
 use crate::engine::Engine;
 use crate::error::{CANCELLED_CODE, Error, Failure, Result, failure_json};
-use crate::store::{CompensationRecord, Reopen, StepRecord, Store, WorkflowFilter, WorkflowRecord, state};
+use crate::store::{
+    CompensationRecord, CompensationStatus, Reopen, StepRecord, Store, WorkflowFilter, WorkflowRecord, WorkflowState,
+};
 
 /// The most rows one [`Engine::list`] reads.
 pub const MAX_LIST: i64 = 1001;
@@ -57,20 +59,20 @@ impl<S: Store> Engine<S> {
     pub async fn retry(&self, workflow_id: &str) -> Result<WorkflowRecord> {
         let view = self.workflow(workflow_id).await?.ok_or_else(|| Error::NotFound(workflow_id.to_owned()))?;
         let now = self.core.now();
-        let (from, how): (&[&str], Reopen) = match view.workflow.state.as_str() {
-            state::COMPENSATION_FAILED => (&[state::COMPENSATION_FAILED], Reopen::Compensation),
-            state::FAILED if view.compensations.iter().all(|c| c.status != "done") => {
-                (&[state::FAILED], Reopen::Forward)
+        let (from, how) = match view.workflow.state {
+            WorkflowState::CompensationFailed => (WorkflowState::CompensationFailed, Reopen::Compensation),
+            WorkflowState::Failed if view.compensations.iter().all(|c| c.status != CompensationStatus::Done) => {
+                (WorkflowState::Failed, Reopen::Forward)
             }
             other => {
                 return Err(Error::InvalidState {
                     workflow_id: workflow_id.to_owned(),
-                    state: other.to_owned(),
+                    state: other.to_string(),
                     reason: "only compensation_failed workflows, or failed ones with nothing compensated, can be retried",
                 });
             }
         };
-        self.core.store.reopen(workflow_id, from, how, None, now).await?.ok_or_else(|| Error::InvalidState {
+        self.core.store.reopen(workflow_id, &[from], how, None, now).await?.ok_or_else(|| Error::InvalidState {
             workflow_id: workflow_id.to_owned(),
             state: "changed".to_owned(),
             reason: "the workflow changed state meanwhile",
@@ -85,12 +87,13 @@ impl<S: Store> Engine<S> {
         let reopened = self
             .core
             .store
-            .reopen(workflow_id, &[state::RUNNING], Reopen::Cancel, Some(failure_json(&failure)), now)
+            .reopen(workflow_id, &[WorkflowState::Running], Reopen::Cancel, Some(failure_json(&failure)), now)
             .await?;
         match reopened {
             Some(record) => Ok(record),
             None => {
-                let state = self.core.store.workflow(workflow_id).await?.map(|w| w.state).unwrap_or_default();
+                let state =
+                    self.core.store.workflow(workflow_id).await?.map(|w| w.state.to_string()).unwrap_or_default();
                 Err(Error::InvalidState {
                     workflow_id: workflow_id.to_owned(),
                     state,

@@ -5,7 +5,7 @@ use serde_json::Value;
 
 use crate::error::Failure;
 use crate::error::parse_failure;
-use crate::store::{WorkflowRecord, state};
+use crate::store::{WorkflowRecord, WorkflowState};
 
 /// The end of a workflow.
 #[derive(Debug, Clone, PartialEq)]
@@ -24,14 +24,14 @@ impl Outcome {
     /// The outcome of a workflow in a final state; `None` while it is still running.
     pub fn from_record(record: &WorkflowRecord) -> Option<Self> {
         let failure = || parse_failure(record.error.as_deref());
-        Some(match record.state.as_str() {
-            state::COMPLETED => Self::Completed(
+        Some(match record.state {
+            WorkflowState::Completed => Self::Completed(
                 record.output.as_deref().and_then(|o| serde_json::from_str(o).ok()).unwrap_or(Value::Null),
             ),
-            state::FAILED => Self::Failed(failure()),
-            state::COMPENSATION_FAILED => Self::CompensationFailed(failure()),
-            state::CANCELLED => Self::Cancelled(failure()),
-            _ => return None,
+            WorkflowState::Failed => Self::Failed(failure()),
+            WorkflowState::CompensationFailed => Self::CompensationFailed(failure()),
+            WorkflowState::Cancelled => Self::Cancelled(failure()),
+            WorkflowState::Running | WorkflowState::Compensating => return None,
         })
     }
 

@@ -4,6 +4,7 @@
 
 use crate::error::Failure;
 use crate::step::StepSpec;
+use crate::store::{StepKind, StepStatus};
 
 /// A value bound to a statement phase's SQL.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -92,9 +93,9 @@ pub struct PhaseRow<'a> {
     /// Step name.
     pub name: &'a str,
     /// Step kind.
-    pub kind: &'static str,
+    pub kind: StepKind,
     /// Step status.
-    pub status: &'static str,
+    pub status: StepStatus,
     /// Attempts, counting this one.
     pub attempts: i32,
     /// Output expression.

@@ -10,7 +10,7 @@ use crate::context::WorkflowContext;
 use crate::core::{Core, StartSignal};
 use crate::error::{Error, Failure, Interrupt, TRANSIENT_RETRY_MS, failure_json, is_transient, parse_failure};
 use crate::outcome::Outcome;
-use crate::store::{Store, WorkflowRecord, WorkflowUpdate, compensation_status, state, step_status};
+use crate::store::{CompensationStatus, StepStatus, Store, WorkflowRecord, WorkflowState, WorkflowUpdate};
 use crate::workflow::{Compensation, ErasedWorkflow};
 
 /// How many times a run replays a phase or commit undone by a transient error before releasing the workflow.
@@ -203,12 +203,12 @@ async fn run_once<S: Store>(
     wf: &dyn ErasedWorkflow<S>,
     record: &WorkflowRecord,
 ) -> Result<Outcome, Interrupt> {
-    let failure = if record.state == state::RUNNING {
+    let failure = if record.state == WorkflowState::Running {
         let ran = match wf.run(ctx, &record.input).await {
             Ok(output) => {
                 let value: Value = serde_json::from_str(&output).unwrap_or(Value::Null);
                 // `Failed` here: the body's last phase, deferred to this commit, did not hold its guard.
-                ctx.commit(finish(state::COMPLETED, Some(output), None, ctx.now_ms())).await.map(|()| value)
+                ctx.commit(finish(WorkflowState::Completed, Some(output), None, ctx.now_ms())).await.map(|()| value)
             }
             Err(e) => Err(e),
         };
@@ -231,7 +231,7 @@ async fn run_once<S: Store>(
             Err(e @ Interrupt::StepMismatch { .. }) => {
                 ctx.abort_phase().await;
                 let failure = Failure::new("step_mismatch", e.to_string());
-                ctx.commit(finish(state::FAILED, None, Some(&failure), ctx.now_ms())).await?;
+                ctx.commit(finish(WorkflowState::Failed, None, Some(&failure), ctx.now_ms())).await?;
                 return Ok(Outcome::Failed(failure));
             }
             Err(other) => return Err(other),
@@ -249,15 +249,15 @@ async fn compensate<S: Store>(
     failure: Failure,
 ) -> Result<Outcome, Interrupt> {
     let comps = ctx.core().store.compensations(ctx.workflow_id()).await?;
-    for c in comps.iter().rev().filter(|c| c.status != compensation_status::DONE) {
+    for c in comps.iter().rev().filter(|c| c.status != CompensationStatus::Done) {
         // A forward step that left no row never happened (a phase step whose condition did not hold): there is
         // nothing of it to undo.
         let Some(forward) = ctx.step(&c.step_key) else {
-            ctx.push_compensation_status(c.clone(), compensation_status::DONE);
+            ctx.push_compensation_status(c.clone(), CompensationStatus::Done);
             continue;
         };
-        let forward = match forward.status.as_str() {
-            step_status::COMPLETED => forward.output.as_deref().and_then(|o| serde_json::from_str(o).ok()),
+        let forward = match forward.status {
+            StepStatus::Completed => forward.output.as_deref().and_then(|o| serde_json::from_str(o).ok()),
             _ => None,
         };
         ctx.set_prefix(format!("compensate/{}/", c.seq));
@@ -268,10 +268,10 @@ async fn compensate<S: Store>(
             forward,
         };
         match wf.compensate(ctx, &compensation, &failure).await {
-            Ok(()) => ctx.push_compensation_status(c.clone(), compensation_status::DONE),
+            Ok(()) => ctx.push_compensation_status(c.clone(), CompensationStatus::Done),
             Err(e @ (Interrupt::Failed(_) | Interrupt::Refused(_) | Interrupt::StepMismatch { .. })) => {
                 ctx.abort_phase().await;
-                ctx.push_compensation_status(c.clone(), compensation_status::FAILED);
+                ctx.push_compensation_status(c.clone(), CompensationStatus::Failed);
                 let reason = match e {
                     Interrupt::Failed(f) | Interrupt::Refused(f) => f,
                     other => Failure::new("step_mismatch", other.to_string()),
@@ -282,7 +282,7 @@ async fn compensate<S: Store>(
                     "compensation": { "name": c.name, "step_key": c.step_key, "failure": reason },
                 });
                 ctx.set_prefix(String::new());
-                ctx.commit(finish(state::COMPENSATION_FAILED, None, Some(&failed), ctx.now_ms())).await?;
+                ctx.commit(finish(WorkflowState::CompensationFailed, None, Some(&failed), ctx.now_ms())).await?;
                 return Ok(Outcome::CompensationFailed(failed));
             }
             Err(other) => return Err(other),
@@ -290,16 +290,20 @@ async fn compensate<S: Store>(
     }
     ctx.set_prefix(String::new());
     let cancelled = failure.code == crate::error::CANCELLED_CODE;
-    let final_state = if cancelled { state::CANCELLED } else { state::FAILED };
+    let final_state = if cancelled { WorkflowState::Cancelled } else { WorkflowState::Failed };
     ctx.commit(finish(final_state, None, Some(&failure), ctx.now_ms())).await?;
     Ok(if cancelled { Outcome::Cancelled(failure) } else { Outcome::Failed(failure) })
 }
 
 /// The commit that moves a failed workflow on to its compensations.
 fn compensating(failure: &Failure) -> WorkflowUpdate {
-    WorkflowUpdate { state: Some(state::COMPENSATING), error: Some(failure_json(failure)), ..Default::default() }
+    WorkflowUpdate {
+        state: Some(WorkflowState::Compensating),
+        error: Some(failure_json(failure)),
+        ..Default::default()
+    }
 }
 
-fn finish(state: &'static str, output: Option<String>, failure: Option<&Failure>, now: i64) -> WorkflowUpdate {
+fn finish(state: WorkflowState, output: Option<String>, failure: Option<&Failure>, now: i64) -> WorkflowUpdate {
     WorkflowUpdate { state: Some(state), output, error: failure.map(failure_json), release_until: Some(now) }
 }

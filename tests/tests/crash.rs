@@ -5,7 +5,7 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use onceflow_engine::store::state;
+use onceflow_engine::store::WorkflowState;
 use onceflow_engine::{MySqlStore, PgStore, SqliteStore};
 use onceflow_tests::TestDb;
 
@@ -34,7 +34,7 @@ fn resume(url: &str, id: &str) -> String {
 
 async fn check<S: TestDb>(store: &S, id: &str) {
     let row = store.workflow(id).await.unwrap().expect("workflow");
-    assert_eq!(row.state, state::COMPLETED, "{id}");
+    assert_eq!(row.state, WorkflowState::Completed, "{id}");
     assert_eq!(store.effects(id).await.unwrap(), ["a", "b", "c"], "{id}: every effect exactly once");
 }
 

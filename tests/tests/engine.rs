@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use onceflow_engine::clock::ManualClock;
-use onceflow_engine::store::{state, step_status};
+use onceflow_engine::store::{CompensationStatus, StepStatus, WorkflowState};
 use onceflow_engine::{
     Engine, EngineConfig, Error, Interrupt, Outcome, Previous, RetryPolicy, StepError, Store, Workflow,
     WorkflowContext, step,
@@ -65,11 +65,11 @@ async fn runs_each_step_once<S: TestDb>(store: S) {
     assert_eq!(store.effects("wf-1").await.unwrap(), ["a", "b", "c"]);
     assert_eq!(hooks.external_calls.load(Ordering::SeqCst), 2);
     let view = engine.workflow("wf-1").await.unwrap().unwrap();
-    assert_eq!(view.workflow.state, state::COMPLETED);
+    assert_eq!(view.workflow.state, WorkflowState::Completed);
     assert_eq!(view.workflow.lease_owner, None);
-    let keys: Vec<_> = view.steps.iter().map(|s| (s.step_key.as_str(), s.status.as_str())).collect();
+    let keys: Vec<_> = view.steps.iter().map(|s| (s.step_key.as_str(), s.status)).collect();
     for key in ["a", "e1", "b", "e2", "c"] {
-        assert!(keys.contains(&(key, step_status::COMPLETED)), "{key} in {keys:?}");
+        assert!(keys.contains(&(key, StepStatus::Completed)), "{key} in {keys:?}");
     }
     // A second start with the same input attaches and gets the stored result without running anything.
     let again = engine.start::<Steps>("wf-1", &input("x", false)).await.unwrap();
@@ -85,7 +85,7 @@ async fn resumes_after_a_dropped_worker<S: TestDb>(store: S) {
         let clock = clock();
         crash_at(&store, &clock, &id, point);
         let row = store.workflow(&id).await.unwrap().expect("recorded before the crash");
-        assert_eq!(row.state, state::RUNNING);
+        assert_eq!(row.state, WorkflowState::Running);
         let hooks = Arc::new(Hooks::default());
         let survivor = engine(store.another_pool().await.unwrap(), &clock, &hooks);
         assert_eq!(survivor.recover_once().await.unwrap(), 0, "{point}: the lease still holds");
@@ -142,7 +142,7 @@ async fn a_fenced_worker_commits_nothing<S: TestDb>(store: S) {
     assert_eq!(store.effects("fenced").await.unwrap(), ["a", "b", "c"]);
     assert_eq!(old_hooks.external_calls.load(Ordering::SeqCst), 1, "the old worker's e1 call ran");
     let row = store.workflow("fenced").await.unwrap().unwrap();
-    assert_eq!(row.state, state::COMPLETED);
+    assert_eq!(row.state, WorkflowState::Completed);
 }
 
 async fn compensations_run_in_reverse<S: TestDb>(store: S) {
@@ -154,8 +154,8 @@ async fn compensations_run_in_reverse<S: TestDb>(store: S) {
     // `c` and `boom` share an atomic phase: boom's failure rolled c back with it.
     assert_eq!(store.effects("comp").await.unwrap(), ["a", "b", "undo:b", "undo:e1", "undo:a"]);
     let view = engine.workflow("comp").await.unwrap().unwrap();
-    assert_eq!(view.workflow.state, state::FAILED);
-    assert!(view.compensations.iter().all(|c| c.status == "done"));
+    assert_eq!(view.workflow.state, WorkflowState::Failed);
+    assert!(view.compensations.iter().all(|c| c.status == CompensationStatus::Done));
     assert!(engine.retry("comp").await.is_err(), "a compensated workflow cannot run forward again");
 }
 
@@ -171,7 +171,7 @@ async fn a_failing_compensation_ends_compensation_failed<S: TestDb>(store: S) {
     // The operator fixes the cause and retries: the compensations finish.
     hooks.fail_compensations.store(false, Ordering::SeqCst);
     let reopened = engine.retry("stuck").await.unwrap();
-    assert_eq!(reopened.state, state::COMPENSATING);
+    assert_eq!(reopened.state, WorkflowState::Compensating);
     assert_eq!(engine.recover_once().await.unwrap(), 1);
     assert!(matches!(engine.wait("stuck", WAIT).await.unwrap(), Some(Outcome::Failed(_))));
     assert_eq!(store.effects("stuck").await.unwrap(), ["a", "b", "undo:b", "undo:e1", "undo:a"]);
@@ -212,7 +212,7 @@ async fn cancel_fences_the_runner_and_compensates<S: TestDb>(store: S) {
     let _handle = old.start::<Steps>("cancel", &input("x", false)).await.unwrap();
     reached.recv().await.unwrap();
     let operator = engine(store.another_pool().await.unwrap(), &clock, &hooks);
-    assert_eq!(operator.cancel("cancel").await.unwrap().state, state::COMPENSATING);
+    assert_eq!(operator.cancel("cancel").await.unwrap().state, WorkflowState::Compensating);
     assert_eq!(operator.recover_once().await.unwrap(), 1);
     let outcome = operator.wait("cancel", WAIT).await.unwrap();
     assert!(matches!(outcome, Some(Outcome::Cancelled(_))), "{outcome:?}");
@@ -250,11 +250,11 @@ async fn long_waits_are_persisted<S: TestDb>(store: S) {
     let handle = engine.start::<Flaky>("flaky", &1).await.unwrap();
     assert_eq!(handle.wait(Duration::from_millis(200)).await.unwrap(), None);
     let row = store.workflow("flaky").await.unwrap().unwrap();
-    assert_eq!(row.state, state::RUNNING);
+    assert_eq!(row.state, WorkflowState::Running);
     assert_eq!(row.next_attempt_at, start + 30_000, "the wait is in the database");
     assert_eq!(row.lease_owner, None, "the workflow was released");
     let steps = store.steps("flaky").await.unwrap();
-    assert_eq!((steps[0].status.as_str(), steps[0].attempts), (step_status::RETRYING, 1));
+    assert_eq!((steps[0].status, steps[0].attempts), (StepStatus::Retrying, 1));
     assert_eq!(engine.recover_once().await.unwrap(), 0, "not due yet");
     clock.advance(30_000);
     assert_eq!(engine.recover_once().await.unwrap(), 1);
@@ -295,7 +295,7 @@ async fn a_refusal_before_the_first_commit_records_nothing<S: TestDb>(store: S) 
     let handle = engine.start::<Refusing>("recorded", &true).await.unwrap();
     let outcome = handle.wait(WAIT).await.unwrap().expect("finished");
     assert!(matches!(&outcome, Outcome::Failed(f) if f.code == "refused"), "{outcome:?}");
-    assert_eq!(store.workflow("recorded").await.unwrap().unwrap().state, state::FAILED);
+    assert_eq!(store.workflow("recorded").await.unwrap().unwrap().state, WorkflowState::Failed);
 }
 
 /// A body whose first transactional step waits for `resume` (after telling `reached`), then takes a second.
@@ -378,7 +378,7 @@ async fn a_changed_step_is_a_mismatch_not_a_replay<S: TestDb>(store: S) {
     // Once the right code is deployed, the operator retries and the workflow finishes.
     let hooks = Arc::new(Hooks::default());
     let fixed = engine(store.another_pool().await.unwrap(), &clock, &hooks);
-    assert_eq!(fixed.retry("changed").await.unwrap().state, state::RUNNING);
+    assert_eq!(fixed.retry("changed").await.unwrap().state, WorkflowState::Running);
     assert_eq!(fixed.recover_once().await.unwrap(), 1);
     assert!(matches!(fixed.wait("changed", WAIT).await.unwrap(), Some(Outcome::Completed(_))));
     assert_eq!(store.effects("changed").await.unwrap(), ["a", "b", "c"]);
@@ -450,7 +450,7 @@ async fn shutdown_releases_leases_at_once<S: TestDb>(store: S) {
     // e2 never returns here: the grace runs out and the lease is released anyway.
     old.shutdown(Duration::from_millis(100)).await.unwrap();
     let row = store.workflow("shutdown").await.unwrap().unwrap();
-    assert_eq!((row.state.as_str(), row.lease_owner.as_deref()), (state::RUNNING, None));
+    assert_eq!((row.state, row.lease_owner.as_deref()), (WorkflowState::Running, None));
     assert!(matches!(old.start::<Steps>("other", &input("x", false)).await, Err(Error::ShuttingDown)));
     // Another process takes over without waiting for the lease to expire (the clock has not moved).
     let next = engine(store.another_pool().await.unwrap(), &clock, &Arc::new(Hooks::default()));

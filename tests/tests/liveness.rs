@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use onceflow_engine::clock::ManualClock;
-use onceflow_engine::store::{WorkflowRecord, state};
+use onceflow_engine::store::{StepStatus, WorkflowRecord, WorkflowState};
 use onceflow_engine::{Engine, EngineConfig, Interrupt, Outcome, Previous, Workflow, WorkflowContext};
 use onceflow_tests::{TestDb, effect_step, on_every_backend};
 use tokio::sync::{Semaphore, mpsc};
@@ -63,7 +63,7 @@ async fn a_panicked_run_is_resumed_elsewhere<S: TestDb>(store: S) {
         Some(Outcome::Completed(serde_json::Value::Null)),
         "not resumed within {BOUND:?} after the panic: {row:?}"
     );
-    assert_eq!(row.state, state::COMPLETED);
+    assert_eq!(row.state, WorkflowState::Completed);
     assert!(row.lease_epoch >= 2, "claimed again after the panicked run: {row:?}");
     assert_eq!(store.effects("panics").await.unwrap(), ["a", "b"]);
     a.shutdown(Duration::from_millis(100)).await.unwrap();
@@ -122,7 +122,7 @@ async fn an_older_run_ending_keeps_the_newer_run_driven<S: TestDb>(store: S) {
     gate.add_permits(1);
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(
-        !store.steps("gated").await.unwrap().iter().any(|s| s.step_key == "e" && s.status == "completed"),
+        !store.steps("gated").await.unwrap().iter().any(|s| s.step_key == "e" && s.status == StepStatus::Completed),
         "run 1 was fenced"
     );
     // Time passes with run 2 still in its call: the heartbeat must extend run 2's lease.
@@ -147,13 +147,13 @@ async fn an_older_run_ending_keeps_the_newer_run_driven<S: TestDb>(store: S) {
     background.await.unwrap();
 }
 
-fn leased(id: &str, owner: &str, lease_expires_at: i64, state: &str) -> WorkflowRecord {
+fn leased(id: &str, owner: &str, lease_expires_at: i64, state: WorkflowState) -> WorkflowRecord {
     WorkflowRecord {
         workflow_id: id.to_owned(),
         name: "t".to_owned(),
         input: "{}".to_owned(),
         input_hash: "h".to_owned(),
-        state: state.to_owned(),
+        state,
         output: None,
         error: None,
         lease_owner: Some(owner.to_owned()),
@@ -171,12 +171,12 @@ fn leased(id: &str, owner: &str, lease_expires_at: i64, state: &str) -> Workflow
 /// the other leases of `owner` (runs that stopped) are left to expire.
 async fn the_heartbeat_extends_only_the_listed_leases<S: TestDb>(store: S) {
     let rows = [
-        leased("driven", "me", 1_000, state::RUNNING),
-        leased("compensating", "me", 1_000, state::COMPENSATING),
-        leased("stopped", "me", 1_000, state::RUNNING),
-        leased("theirs", "other", 1_000, state::RUNNING),
-        leased("expired", "me", 50, state::RUNNING),
-        leased("done", "me", 1_000, state::COMPLETED),
+        leased("driven", "me", 1_000, WorkflowState::Running),
+        leased("compensating", "me", 1_000, WorkflowState::Compensating),
+        leased("stopped", "me", 1_000, WorkflowState::Running),
+        leased("theirs", "other", 1_000, WorkflowState::Running),
+        leased("expired", "me", 50, WorkflowState::Running),
+        leased("done", "me", 1_000, WorkflowState::Completed),
     ];
     let mut tx = store.begin().await.unwrap();
     for row in &rows {

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use onceflow_engine::clock::{Clock, ManualClock};
-use onceflow_engine::store::state;
+use onceflow_engine::store::WorkflowState;
 use onceflow_engine::{Engine, EngineConfig, Outcome};
 use onceflow_payments::{
     MockChannel, MockChannelConfig, OrderStatus, PassReport, PaymentRequest, PaymentStatus, PaymentStore, Payments,
@@ -113,7 +113,7 @@ async fn each_kind_goes_exactly_when_its_retention_has_passed<S: TestDb + Paymen
     let (token, _) = store.token_and_order(&in_flight, T, &order_no("O-2")).await.unwrap().unwrap();
     assert_eq!(token.state, TokenState::InUse);
     let running = store.workflow(&payment_workflow_id(&in_flight)).await.unwrap().unwrap();
-    assert_eq!(running.state, state::RUNNING);
+    assert_eq!(running.state, WorkflowState::Running);
     assert_eq!(p.order(T, &order_no("O-2")).await.unwrap().unwrap().status, OrderStatus::Paying);
 }
 
@@ -290,9 +290,9 @@ async fn finished_histories_go_and_one_waiting_for_an_operator_stays<S: TestDb>(
     clock.advance(400 * 24 * HOUR);
     let later = clock.now_ms();
     assert_eq!(engine.delete_finished_before(later, 500).await.unwrap().workflows, 0);
-    assert_eq!(store.workflow("stuck").await.unwrap().unwrap().state, state::COMPENSATION_FAILED);
+    assert_eq!(store.workflow("stuck").await.unwrap().unwrap().state, WorkflowState::CompensationFailed);
     assert!(!store.steps("stuck").await.unwrap().is_empty());
-    assert_eq!(store.workflow("running").await.unwrap().unwrap().state, state::RUNNING);
+    assert_eq!(store.workflow("running").await.unwrap().unwrap().state, WorkflowState::Running);
     // The operator retries: the compensations finish, and the history is finished, hence due. (The held run's
     // lease has long expired meanwhile: the same recovery resumes it, and it completes.)
     engine.retry("stuck").await.unwrap();
@@ -332,13 +332,13 @@ async fn a_payment_stopped_by_a_step_mismatch_waits_for_its_operator<S: TestDb +
     assert_eq!(p.order(T, &order_no("O-1")).await.unwrap().unwrap().status, OrderStatus::Paying);
 
     pass_at(&p, &clock, T0 + 400 * 24 * HOUR, report(0, 0, 0, 0), "a year on").await;
-    assert_eq!(store.workflow(&workflow).await.unwrap().unwrap().state, state::FAILED, "kept for its operator");
+    assert_eq!(store.workflow(&workflow).await.unwrap().unwrap().state, WorkflowState::Failed, "kept for its operator");
     assert!(!store.steps(&workflow).await.unwrap().is_empty(), "with its steps");
     // Once the held charge has landed and the right code is back, the operator's retry finishes the payment.
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     let call = "UPDATE workflow_steps SET kind = 'external' WHERE step_key = 'call_channel' AND workflow_id = $1";
     assert_eq!(store.execute(call, &workflow).await.unwrap(), 1);
-    assert_eq!(p.engine().retry(&workflow).await.unwrap().state, state::RUNNING);
+    assert_eq!(p.engine().retry(&workflow).await.unwrap().state, WorkflowState::Running);
     assert_eq!(p.engine().recover_once().await.unwrap(), 1);
     assert!(matches!(p.engine().wait(&workflow, WAIT).await.unwrap(), Some(Outcome::Completed(_))));
     assert_eq!(p.order(T, &order_no("O-1")).await.unwrap().unwrap().status, OrderStatus::Paid);

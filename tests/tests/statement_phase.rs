@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use onceflow_engine::clock::ManualClock;
 use onceflow_engine::phase::{PhaseStep, SqlArg, StatementPhase};
-use onceflow_engine::store::{SQLITE_PHASE_FLAGS, state, step_status};
+use onceflow_engine::store::{SQLITE_PHASE_FLAGS, StepStatus, WorkflowState};
 use onceflow_engine::{
     Engine, EngineConfig, Failure, Interrupt, Outcome, PgStore, SqliteStore, Workflow, WorkflowContext, step,
 };
@@ -148,7 +148,7 @@ async fn a_phase_commits_its_step_and_writes_once<S: PhaseDb>(store: S) {
     assert_eq!(store.effects("ok").await.unwrap(), ["p"]);
     let steps = store.steps("ok").await.unwrap();
     let write = steps.iter().find(|s| s.step_key == "write").expect("write's row");
-    assert_eq!((write.status.as_str(), write.output.as_deref()), (step_status::COMPLETED, Some("\"written\"")));
+    assert_eq!((write.status, write.output.as_deref()), (StepStatus::Completed, Some("\"written\"")));
     let comps = store.compensations("ok").await.unwrap();
     assert_eq!(comps.iter().map(|c| c.name.as_str()).collect::<Vec<_>>(), ["undo_e1", "undo"]);
 }
@@ -164,8 +164,8 @@ async fn a_failed_guard_writes_nothing_and_fails_the_step<S: PhaseDb>(store: S) 
         assert_eq!(store.effects(id).await.unwrap(), ["undo:undo_e1"], "{id}");
         let steps = store.steps(id).await.unwrap();
         let write = steps.iter().find(|s| s.step_key == "write").expect("write's row");
-        assert_eq!(write.status, step_status::FAILED, "{id}");
-        assert_eq!(store.workflow(id).await.unwrap().unwrap().state, state::FAILED);
+        assert_eq!(write.status, StepStatus::Failed, "{id}");
+        assert_eq!(store.workflow(id).await.unwrap().unwrap().state, WorkflowState::Failed);
     }
 }
 
@@ -206,7 +206,7 @@ async fn a_fenced_worker_writes_nothing_with_its_phase<S: PhaseDb>(store: S) {
         resume.notify_one();
         tokio::time::sleep(Duration::from_millis(500)).await;
         assert_eq!(store.effects(id).await.unwrap(), ["p"], "{id}");
-        assert_eq!(store.workflow(id).await.unwrap().unwrap().state, state::COMPLETED);
+        assert_eq!(store.workflow(id).await.unwrap().unwrap().state, WorkflowState::Completed);
     }
 }
 

@@ -1,8 +1,8 @@
 //! The `Store` contract, run against every backend: what the engine relies on from each database.
 
 use onceflow_engine::store::{
-    Checkpoint, Committed, CompensationRecord, Cursor, Fence, Reopen, StepRecord, WorkflowFilter, WorkflowRecord,
-    WorkflowUpdate, WorkflowWrite, state,
+    Checkpoint, Committed, CompensationRecord, CompensationStatus, Cursor, Fence, Reopen, StepKind, StepRecord,
+    StepStatus, WorkflowFilter, WorkflowRecord, WorkflowState, WorkflowUpdate, WorkflowWrite,
 };
 use onceflow_tests::{TestDb, on_every_backend};
 
@@ -12,7 +12,7 @@ fn workflow(id: &str, owner: Option<&str>, lease_expires_at: Option<i64>, next_a
         name: "t".to_owned(),
         input: "{}".to_owned(),
         input_hash: "h".to_owned(),
-        state: state::RUNNING.to_owned(),
+        state: WorkflowState::Running,
         output: None,
         error: None,
         lease_owner: owner.map(str::to_owned),
@@ -26,13 +26,13 @@ fn workflow(id: &str, owner: Option<&str>, lease_expires_at: Option<i64>, next_a
     }
 }
 
-fn step_row(id: &str, key: &str, status: &str, started_at: i64) -> StepRecord {
+fn step_row(id: &str, key: &str, status: StepStatus, started_at: i64) -> StepRecord {
     StepRecord {
         workflow_id: id.to_owned(),
         step_key: key.to_owned(),
         step_name: key.to_owned(),
-        kind: "transactional".to_owned(),
-        status: status.to_owned(),
+        kind: StepKind::Transactional,
+        status,
         attempts: 1,
         output: Some("1".to_owned()),
         error: None,
@@ -58,7 +58,7 @@ async fn persist_inserts_once_then_fences<S: TestDb>(store: S) {
     let row = workflow("w", Some("me"), Some(100), 0);
     let first = Checkpoint {
         workflow: WorkflowWrite::Insert(&row),
-        steps: &[step_row("w", "a", "completed", 1)],
+        steps: &[step_row("w", "a", StepStatus::Completed, 1)],
         compensations: None,
     };
     let mut tx = store.begin().await.unwrap();
@@ -67,15 +67,15 @@ async fn persist_inserts_once_then_fences<S: TestDb>(store: S) {
     let other = workflow("w", Some("you"), Some(100), 0);
     let second = Checkpoint {
         workflow: WorkflowWrite::Insert(&other),
-        steps: &[step_row("w", "a", "failed", 1)],
+        steps: &[step_row("w", "a", StepStatus::Failed, 1)],
         compensations: None,
     };
     let mut tx = store.begin().await.unwrap();
     assert_eq!(store.persist(&mut tx, &second).await.unwrap(), Committed::Duplicate);
     tx.rollback().await.unwrap();
     assert_eq!(store.workflow("w").await.unwrap().unwrap().lease_owner.as_deref(), Some("me"));
-    assert_eq!(store.steps("w").await.unwrap()[0].status, "completed");
-    let update = WorkflowUpdate { state: Some(state::COMPLETED), ..Default::default() };
+    assert_eq!(store.steps("w").await.unwrap()[0].status, StepStatus::Completed);
+    let update = WorkflowUpdate { state: Some(WorkflowState::Completed), ..Default::default() };
     for (epoch, expected) in [(2, Committed::LeaseLost), (1, Committed::Done { notify: false, outputs: vec![] })] {
         let workflow = WorkflowWrite::Fence(Fence { workflow_id: "w", epoch, update: &update, now: 5 });
         let mut tx = store.begin().await.unwrap();
@@ -83,17 +83,17 @@ async fn persist_inserts_once_then_fences<S: TestDb>(store: S) {
         assert_eq!(done.unwrap(), expected, "epoch {epoch}");
         tx.commit().await.unwrap();
     }
-    assert_eq!(store.workflow("w").await.unwrap().unwrap().state, state::COMPLETED);
+    assert_eq!(store.workflow("w").await.unwrap().unwrap().state, WorkflowState::Completed);
 }
 
-fn compensation(seq: i32, status: &str) -> CompensationRecord {
+fn compensation(seq: i32, status: CompensationStatus) -> CompensationRecord {
     CompensationRecord {
         workflow_id: "w".to_owned(),
         seq,
         step_key: format!("step{seq}"),
         name: "undo".to_owned(),
         input: r#"{"note":"a \"quoted\" input"}"#.to_owned(),
-        status: status.to_owned(),
+        status,
     }
 }
 
@@ -101,14 +101,14 @@ fn compensation(seq: i32, status: &str) -> CompensationRecord {
 /// lease leaves it as it was; an operator's retry of the compensations registers the failed ones again.
 async fn compensations_ride_with_the_workflow_row<S: TestDb>(store: S) {
     let row = workflow("w", Some("me"), Some(100), 0);
-    let registered = [compensation(0, "registered"), compensation(1, "registered")];
+    let registered = [compensation(0, CompensationStatus::Registered), compensation(1, CompensationStatus::Registered)];
     let first = Checkpoint { workflow: WorkflowWrite::Insert(&row), steps: &[], compensations: Some(&registered) };
     let mut tx = store.begin().await.unwrap();
     assert_eq!(store.persist(&mut tx, &first).await.unwrap(), Committed::Done { notify: false, outputs: vec![] });
     tx.commit().await.unwrap();
     assert_eq!(store.compensations("w").await.unwrap(), registered);
     let update = WorkflowUpdate::default();
-    let changed = [compensation(0, "done"), compensation(1, "failed")];
+    let changed = [compensation(0, CompensationStatus::Done), compensation(1, CompensationStatus::Failed)];
     for (epoch, expected, stored) in
         [(2, Committed::LeaseLost, &registered), (1, Committed::Done { notify: false, outputs: vec![] }, &changed)]
     {
@@ -123,23 +123,29 @@ async fn compensations_ride_with_the_workflow_row<S: TestDb>(store: S) {
         }
         assert_eq!(store.compensations("w").await.unwrap(), stored, "epoch {epoch}");
     }
-    store.reopen("w", &[state::RUNNING], Reopen::Compensation, None, 9).await.unwrap().unwrap();
+    store.reopen("w", &[WorkflowState::Running], Reopen::Compensation, None, 9).await.unwrap().unwrap();
     let statuses: Vec<_> = store.compensations("w").await.unwrap().into_iter().map(|c| c.status).collect();
-    assert_eq!(statuses, ["done", "registered"]);
+    assert_eq!(statuses, [CompensationStatus::Done, CompensationStatus::Registered]);
     assert!(store.compensations("missing").await.unwrap().is_empty());
 }
 
 async fn steps_upsert_by_key<S: TestDb>(store: S) {
     let mut tx = store.begin().await.unwrap();
     store.insert_workflow(&mut tx, &workflow("w", Some("me"), Some(100), 0), &[]).await.unwrap();
-    store.write_steps(&mut tx, &[step_row("w", "a", "started", 1), step_row("w", "b", "completed", 2)]).await.unwrap();
+    store
+        .write_steps(
+            &mut tx,
+            &[step_row("w", "a", StepStatus::Started, 1), step_row("w", "b", StepStatus::Completed, 2)],
+        )
+        .await
+        .unwrap();
     tx.commit().await.unwrap();
     let mut tx = store.begin().await.unwrap();
-    store.write_steps(&mut tx, &[step_row("w", "a", "completed", 1)]).await.unwrap();
+    store.write_steps(&mut tx, &[step_row("w", "a", StepStatus::Completed, 1)]).await.unwrap();
     tx.commit().await.unwrap();
     let steps = store.steps("w").await.unwrap();
-    let got: Vec<_> = steps.iter().map(|s| (s.step_key.as_str(), s.status.as_str())).collect();
-    assert_eq!(got, [("a", "completed"), ("b", "completed")]);
+    let got: Vec<_> = steps.iter().map(|s| (s.step_key.as_str(), s.status)).collect();
+    assert_eq!(got, [("a", StepStatus::Completed), ("b", StepStatus::Completed)]);
 }
 
 async fn the_fence_checks_the_epoch<S: TestDb>(store: S) {
@@ -147,7 +153,7 @@ async fn the_fence_checks_the_epoch<S: TestDb>(store: S) {
     store.insert_workflow(&mut tx, &workflow("w", Some("me"), Some(100), 0), &[]).await.unwrap();
     tx.commit().await.unwrap();
     let done = WorkflowUpdate {
-        state: Some(state::COMPLETED),
+        state: Some(WorkflowState::Completed),
         output: Some("7".into()),
         release_until: Some(5),
         ..Default::default()
@@ -157,7 +163,7 @@ async fn the_fence_checks_the_epoch<S: TestDb>(store: S) {
     assert_eq!(store.fence(&mut tx, "w", 1, &done, 5, None).await.unwrap(), Some(false));
     tx.commit().await.unwrap();
     let row = store.workflow("w").await.unwrap().unwrap();
-    assert_eq!((row.state.as_str(), row.output.as_deref(), row.lease_owner), (state::COMPLETED, Some("7"), None));
+    assert_eq!((row.state, row.output.as_deref(), row.lease_owner), (WorkflowState::Completed, Some("7"), None));
 }
 
 async fn claims_only_due_and_unleased<S: TestDb>(store: S) {
@@ -191,19 +197,39 @@ async fn lists_notifies_and_reopens<S: TestDb>(store: S) {
     let all = ids(store.list(WorkflowFilter::default(), 10).await.unwrap());
     assert_eq!(all, ["two", "one"], "newest first");
     let before = Cursor::before_time(2);
-    let older = WorkflowFilter { state: Some(state::RUNNING), after: Some(&before), ..Default::default() };
+    let older = WorkflowFilter { state: Some(WorkflowState::Running), after: Some(&before), ..Default::default() };
     assert_eq!(ids(store.list(older, 10).await.unwrap()), ["one"]);
-    let failed = WorkflowFilter { state: Some(state::FAILED), ..Default::default() };
+    let failed = WorkflowFilter { state: Some(WorkflowState::Failed), ..Default::default() };
     assert!(store.list(failed, 10).await.unwrap().is_empty());
     assert!(store.request_notify("one").await.unwrap().unwrap().notify);
     let cancelled =
-        store.reopen("one", &[state::RUNNING], Reopen::Cancel, Some("{}".into()), 9).await.unwrap().unwrap();
-    assert_eq!(
-        (cancelled.state.as_str(), cancelled.lease_epoch, cancelled.lease_owner),
-        (state::COMPENSATING, 2, None)
-    );
-    assert_eq!(store.reopen("one", &[state::RUNNING], Reopen::Cancel, None, 9).await.unwrap(), None);
-    assert!(store.reopen("missing", &[state::RUNNING], Reopen::Cancel, None, 9).await.is_err());
+        store.reopen("one", &[WorkflowState::Running], Reopen::Cancel, Some("{}".into()), 9).await.unwrap().unwrap();
+    assert_eq!((cancelled.state, cancelled.lease_epoch, cancelled.lease_owner), (WorkflowState::Compensating, 2, None));
+    assert_eq!(store.reopen("one", &[WorkflowState::Running], Reopen::Cancel, None, 9).await.unwrap(), None);
+    assert!(store.reopen("missing", &[WorkflowState::Running], Reopen::Cancel, None, 9).await.is_err());
+}
+
+/// Statuses are stored as the texts older versions wrote and read (SQL that names them as literals finds them),
+/// and rows with those texts read back; a state this version does not know is an error, never a default.
+async fn statuses_are_stored_as_their_text<S: TestDb>(store: S) {
+    let mut tx = store.begin().await.unwrap();
+    store.insert_workflow(&mut tx, &workflow("w", Some("me"), Some(100), 0), &[]).await.unwrap();
+    store.write_steps(&mut tx, &[step_row("w", "a", StepStatus::Retrying, 1)]).await.unwrap();
+    let update = WorkflowUpdate { state: Some(WorkflowState::CompensationFailed), ..Default::default() };
+    assert_eq!(store.fence(&mut tx, "w", 1, &update, 5, None).await.unwrap(), Some(false));
+    tx.commit().await.unwrap();
+    let found = |sql| store.execute(sql, "w");
+    let row = "UPDATE workflows SET notify = notify WHERE workflow_id = $1 AND state = 'compensation_failed'";
+    assert_eq!(found(row).await.unwrap(), 1);
+    let step = "UPDATE workflow_steps SET attempts = attempts \
+        WHERE workflow_id = $1 AND kind = 'transactional' AND status = 'retrying'";
+    assert_eq!(found(step).await.unwrap(), 1);
+    found("UPDATE workflows SET state = 'cancelled' WHERE workflow_id = $1").await.unwrap();
+    assert_eq!(store.workflow("w").await.unwrap().unwrap().state, WorkflowState::Cancelled);
+    assert_eq!(store.count_by_state().await.unwrap(), [(WorkflowState::Cancelled, 1)]);
+    found("UPDATE workflows SET state = 'paused' WHERE workflow_id = $1").await.unwrap();
+    assert!(store.workflow("w").await.is_err(), "an unknown state does not decode");
+    assert!(store.count_by_state().await.is_err());
 }
 
 on_every_backend!(
@@ -214,4 +240,5 @@ on_every_backend!(
     claims_only_due_and_unleased,
     lists_notifies_and_reopens,
     compensations_ride_with_the_workflow_row,
+    statuses_are_stored_as_their_text,
 );

@@ -6,7 +6,7 @@ use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use onceflow_engine::WorkflowView;
-use onceflow_engine::store::{Cursor, WorkflowFilter, WorkflowRecord};
+use onceflow_engine::store::{Cursor, WorkflowFilter, WorkflowRecord, WorkflowState};
 use serde::Deserialize;
 use serde_json::json;
 use utoipa::IntoParams;
@@ -14,7 +14,7 @@ use utoipa::IntoParams;
 use onceflow_payments::PaymentStore;
 
 use crate::error::ApiError;
-use crate::routes::views::{WORKFLOW_STATES, WorkflowBody, WorkflowDetail, WorkflowPage};
+use crate::routes::views::{WorkflowBody, WorkflowDetail, WorkflowPage};
 use crate::state::{AppState, Caller, may_scrape};
 
 /// How long a scrape waits for the database to answer `SELECT 1` before it reports it down.
@@ -123,11 +123,9 @@ pub async fn list_workflows<S: PaymentStore>(
     query: Result<Query<ListQuery>, QueryRejection>,
 ) -> Result<Json<WorkflowPage>, ApiError> {
     let Query(q) = query.map_err(|e| ApiError::invalid(e.body_text()))?;
-    if let Some(s) = &q.state
-        && !WORKFLOW_STATES.contains(&s.as_str())
-    {
-        return Err(ApiError::invalid(format!("state must be one of {}", WORKFLOW_STATES.join(", "))));
-    }
+    let wanted = q.state.as_deref().map(str::parse::<WorkflowState>).transpose().map_err(|_| {
+        ApiError::invalid(format!("state must be one of {}", WorkflowState::ALL.map(WorkflowState::as_str).join(", ")))
+    })?;
     let limit = q.limit.unwrap_or(50);
     if !(1..=1000).contains(&limit) {
         return Err(ApiError::invalid("limit must be between 1 and 1000"));
@@ -139,7 +137,7 @@ pub async fn list_workflows<S: PaymentStore>(
         (None, Some(before)) => Some(Cursor::before_time(before)),
         (None, None) => None,
     };
-    let filter = WorkflowFilter { tenant: caller.tenant_scope(), state: q.state.as_deref(), after: after.as_ref() };
+    let filter = WorkflowFilter { tenant: caller.tenant_scope(), state: wanted, after: after.as_ref() };
     // One row more than the page says whether another page follows, so that no empty page carries a cursor.
     let mut page = state.payments.engine().list(filter, limit + 1).await?;
     let more = page.len() as i64 > limit;

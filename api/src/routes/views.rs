@@ -6,8 +6,12 @@
 //! Fields are declared in alphabetical order: these bodies were first written with `json!`, whose maps keep their
 //! keys sorted, and the bytes clients have seen stay the same.
 
+use std::borrow::Cow;
+
 use onceflow_engine::WorkflowView;
-use onceflow_engine::store::{CompensationRecord, StepRecord, WorkflowRecord};
+use onceflow_engine::store::{
+    CompensationRecord, CompensationStatus, StepKind, StepRecord, StepStatus, WorkflowRecord, WorkflowState,
+};
 use serde::Serialize;
 use serde_json::{Value, json};
 use utoipa::openapi::RefOr;
@@ -16,18 +20,16 @@ use utoipa::{PartialSchema, ToSchema};
 
 use crate::routes::orders::rfc3339;
 
-/// Every state a workflow can be in, as the API writes and filters them.
-pub(crate) const WORKFLOW_STATES: [&str; 6] = onceflow_engine::store::state::ALL;
+/// The schema of a workflow's `state` (the engine's [`WorkflowState`], under its name): one of
+/// [`WorkflowState::ALL`]'s texts. Built from the engine's list (rather than restated) so that the document and
+/// the server cannot disagree on it.
+pub struct WorkflowStateSchema;
 
-/// The schema of a workflow's `state`: one of [`WORKFLOW_STATES`]. Built from the engine's list (rather than
-/// restated as a Rust enum) so that the document and the server cannot disagree on it.
-pub struct WorkflowState;
-
-impl PartialSchema for WorkflowState {
+impl PartialSchema for WorkflowStateSchema {
     fn schema() -> RefOr<Schema> {
         ObjectBuilder::new()
             .schema_type(Type::String)
-            .enum_values(Some(WORKFLOW_STATES))
+            .enum_values(Some(WorkflowState::ALL.map(WorkflowState::as_str)))
             .description(Some(
                 "running (or waiting to run), compensating, completed, failed (every compensation has run), \
                  compensation_failed (an operator must look) or cancelled.",
@@ -36,7 +38,11 @@ impl PartialSchema for WorkflowState {
     }
 }
 
-impl ToSchema for WorkflowState {}
+impl ToSchema for WorkflowStateSchema {
+    fn name() -> Cow<'static, str> {
+        Cow::Borrowed("WorkflowState")
+    }
+}
 
 /// A workflow (`GET /v1/workflows` lists them; retry and cancel answer the one they changed).
 #[derive(Debug, Serialize, ToSchema)]
@@ -61,8 +67,8 @@ pub struct WorkflowBody {
     /// Its output once completed, null before. A payment's is the stored response, its `body` shown as JSON.
     pub output: Value,
     /// Where it is.
-    #[schema(value_type = WorkflowState)]
-    pub state: String,
+    #[schema(value_type = WorkflowStateSchema)]
+    pub state: WorkflowState,
     /// When it last changed (RFC 3339).
     #[schema(format = DateTime)]
     pub updated_at: String,
@@ -81,14 +87,16 @@ pub struct StepBody {
     #[schema(format = DateTime, required = true)]
     pub finished_at: Option<String>,
     /// `transactional` (inside the workflow's transaction) or `external` (a call outside the database).
-    pub kind: String,
+    #[schema(value_type = String)]
+    pub kind: StepKind,
     /// Its output once completed, null before.
     pub output: Value,
     /// When its first attempt started (RFC 3339).
     #[schema(format = DateTime)]
     pub started_at: String,
     /// `started`, `unknown`, `retrying`, `completed` or `failed`.
-    pub status: String,
+    #[schema(value_type = String)]
+    pub status: StepStatus,
     /// Unique within the workflow.
     pub step_key: String,
     /// What the step does (the same name may run under several keys).
@@ -103,7 +111,8 @@ pub struct CompensationBody {
     /// Registration order; compensations run in reverse.
     pub seq: i32,
     /// `registered`, `done` or `failed`.
-    pub status: String,
+    #[schema(value_type = String)]
+    pub status: CompensationStatus,
     /// The forward step it undoes.
     pub step_key: String,
 }

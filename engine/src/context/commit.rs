@@ -4,7 +4,7 @@
 use crate::error::{Error, Interrupt};
 use crate::phase::PhaseCommit;
 use crate::store::{
-    Checkpoint, Committed, Fence, Store, Tx, WorkflowRecord, WorkflowUpdate, WorkflowWrite, kind, state,
+    Checkpoint, Committed, Fence, StepKind, Store, Tx, WorkflowRecord, WorkflowState, WorkflowUpdate, WorkflowWrite,
 };
 
 use super::WorkflowContext;
@@ -26,7 +26,7 @@ impl<S: Store> WorkflowContext<S> {
         }
         let history = &mut self.replay.history;
         self.run.pending_steps.retain(|s| {
-            let keep = s.kind == kind::EXTERNAL;
+            let keep = s.kind == StepKind::External;
             if !keep {
                 history.remove(&s.step_key);
             }
@@ -46,7 +46,7 @@ impl<S: Store> WorkflowContext<S> {
         let now = self.core.now();
         let inserting = self.run.insert.as_ref().map(|row| update.applied_to(row, now));
         let checkpoint = self.checkpoint(inserting.as_ref(), update, now);
-        let finished = update.state.is_some_and(state::is_final);
+        let finished = update.state.is_some_and(WorkflowState::is_final);
         let outcome = self.core.store.commit_in_one_call(&checkpoint, phase, finished).await?;
         if let Some(Committed::Done { .. }) = outcome {
             self.committed();
@@ -106,7 +106,7 @@ impl<S: Store> WorkflowContext<S> {
         let inserting = self.run.insert.as_ref().map(|row| update.applied_to(row, now));
         let checkpoint = self.checkpoint(inserting.as_ref(), &update, now);
         let notify = written(store.persist(&mut tx, &checkpoint).await?)?;
-        if notify && update.state.is_some_and(state::is_final) {
+        if notify && update.state.is_some_and(WorkflowState::is_final) {
             store.notify_finished(&mut tx, &self.run.workflow_id).await?;
         }
         tx.commit().await?;

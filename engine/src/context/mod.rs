@@ -10,7 +10,7 @@ use serde::de::DeserializeOwned;
 use crate::core::{Core, StartSignal};
 use crate::error::{Failure, Interrupt};
 use crate::phase::StatementPhase;
-use crate::store::{CompensationRecord, StepRecord, Store, Tx, WorkflowRecord, compensation_status};
+use crate::store::{CompensationRecord, CompensationStatus, StepRecord, Store, Tx, WorkflowRecord};
 
 mod commit;
 mod phase;
@@ -152,7 +152,7 @@ impl<S: Store> WorkflowContext<S> {
             step_key: key.to_owned(),
             name: name.to_owned(),
             input: serde_json::to_string(input).map_err(|e| Interrupt::Engine(e.into()))?,
-            status: compensation_status::REGISTERED.to_owned(),
+            status: CompensationStatus::Registered,
         });
         Ok(())
     }
@@ -166,8 +166,8 @@ impl<S: Store> WorkflowContext<S> {
         }
     }
 
-    pub(crate) fn push_compensation_status(&mut self, mut comp: CompensationRecord, status: &str) {
-        comp.status = status.to_owned();
+    pub(crate) fn push_compensation_status(&mut self, mut comp: CompensationRecord, status: CompensationStatus) {
+        comp.status = status;
         match self.replay.comps.iter_mut().find(|c| c.seq == comp.seq) {
             Some(slot) => *slot = comp,
             None => self.replay.comps.push(comp),

@@ -5,7 +5,7 @@ use serde_json::Value;
 
 use crate::error::{Error, Interrupt, failure_json};
 use crate::phase::{PhaseCommit, PhaseRow, PhaseStep, StatementPhase};
-use crate::store::{Committed, StepRecord, Store, WorkflowUpdate, kind, step_status};
+use crate::store::{Committed, StepKind, StepRecord, StepStatus, Store, WorkflowUpdate};
 
 use super::WorkflowContext;
 
@@ -56,7 +56,7 @@ impl<S: Store> WorkflowContext<S> {
                 outputs.push(None);
                 continue;
             }
-            outputs.push(match self.replay::<Value>(key, &step.spec.name, kind::TRANSACTIONAL)? {
+            outputs.push(match self.replay::<Value>(key, &step.spec.name, StepKind::Transactional)? {
                 Some(done) => Some(done?),
                 None if self.replay.history.contains_key(key) => {
                     return Err(Interrupt::Engine(Error::Interrupted(format!("step {key} is unfinished"))));
@@ -87,8 +87,8 @@ impl<S: Store> WorkflowContext<S> {
             .map(|(key, step)| PhaseRow {
                 key: key.clone(),
                 name: &step.spec.name,
-                kind: if step.intent { kind::EXTERNAL } else { kind::TRANSACTIONAL },
-                status: if step.intent { step_status::STARTED } else { step_status::COMPLETED },
+                kind: if step.intent { StepKind::External } else { StepKind::Transactional },
+                status: if step.intent { StepStatus::Started } else { StepStatus::Completed },
                 attempts: i32::try_from(self.run.tx_attempts.get(key).copied().unwrap_or(0) + 1).unwrap_or(i32::MAX),
                 output: &step.output,
                 finished: !step.intent,
@@ -109,11 +109,7 @@ impl<S: Store> WorkflowContext<S> {
                 let failure = phase.guard_failure();
                 if let (Some(key), Some(first)) = (keys.first(), phase.steps.first()) {
                     let error = Some(failure_json(&failure));
-                    let failed = StepRecord {
-                        status: step_status::FAILED.to_owned(),
-                        error,
-                        ..self.phase_record(key, first, now)
-                    };
+                    let failed = StepRecord { status: StepStatus::Failed, error, ..self.phase_record(key, first, now) };
                     self.push_step(failed);
                 }
                 return Err(Interrupt::Failed(failure));
@@ -143,8 +139,8 @@ impl<S: Store> WorkflowContext<S> {
                 // Written only if its condition held: the body's next call of the external step starts from it.
                 if output.is_some() {
                     let intent = StepRecord {
-                        kind: kind::EXTERNAL.to_owned(),
-                        status: step_status::STARTED.to_owned(),
+                        kind: StepKind::External,
+                        status: StepStatus::Started,
                         finished_at: None,
                         ..self.phase_record(&key, step, now)
                     };
@@ -170,8 +166,8 @@ impl<S: Store> WorkflowContext<S> {
             workflow_id: self.run.workflow_id.clone(),
             step_key: key.to_owned(),
             step_name: step.spec.name.clone(),
-            kind: kind::TRANSACTIONAL.to_owned(),
-            status: step_status::COMPLETED.to_owned(),
+            kind: StepKind::Transactional,
+            status: StepStatus::Completed,
             attempts: 1,
             output: None,
             error: None,

@@ -9,7 +9,7 @@ use serde::de::DeserializeOwned;
 
 use crate::error::{Failure, Interrupt, StepError, failure_json, is_transient, parse_failure};
 use crate::step::{Attempt, BoxFuture, Previous, StepSpec};
-use crate::store::{Conn, StepRecord, Store, WorkflowUpdate, kind, step_status};
+use crate::store::{Conn, StepKind, StepRecord, StepStatus, Store, WorkflowUpdate};
 
 use super::WorkflowContext;
 
@@ -26,7 +26,7 @@ impl<S: Store> WorkflowContext<S> {
     {
         let spec = spec.into();
         let key = format!("{}{}", self.replay.prefix, spec.key);
-        if let Some(done) = self.replay(&key, &spec.name, kind::TRANSACTIONAL)? {
+        if let Some(done) = self.replay(&key, &spec.name, StepKind::Transactional)? {
             return done;
         }
         self.check_shutdown()?;
@@ -34,12 +34,12 @@ impl<S: Store> WorkflowContext<S> {
         let tx = self.open_tx().await?;
         let result = f(&mut **tx).await;
         let attempts = self.run.tx_attempts.get(&key).copied().unwrap_or(0) + 1;
-        let row = |status: &str, output: Option<String>, error: Option<String>| StepRecord {
+        let row = |status: StepStatus, output: Option<String>, error: Option<String>| StepRecord {
             workflow_id: String::new(),
             step_key: key.clone(),
             step_name: spec.name.clone(),
-            kind: kind::TRANSACTIONAL.to_owned(),
-            status: status.to_owned(),
+            kind: StepKind::Transactional,
+            status,
             attempts: i32::try_from(attempts).unwrap_or(i32::MAX),
             output,
             error,
@@ -53,12 +53,12 @@ impl<S: Store> WorkflowContext<S> {
                 if let Some((name, input)) = &spec.compensation {
                     self.register_compensation(&key, name, input)?;
                 }
-                self.push_step(row(step_status::COMPLETED, Some(output), None));
+                self.push_step(row(StepStatus::Completed, Some(output), None));
                 Ok(value)
             }
             Err(StepError::Terminal(failure)) => {
                 self.abort_phase().await;
-                self.push_step(row(step_status::FAILED, None, Some(failure_json(&failure))));
+                self.push_step(row(StepStatus::Failed, None, Some(failure_json(&failure))));
                 Err(Interrupt::Failed(failure))
             }
             Err(StepError::Database(e)) if is_transient(&e) => {
@@ -74,7 +74,7 @@ impl<S: Store> WorkflowContext<S> {
                     Some(delay) => Err(Interrupt::Retry { delay_ms: millis(delay) }),
                     None => {
                         let failure = Failure::new("retries_exhausted", format!("step {key}: {e}"));
-                        self.push_step(row(step_status::FAILED, None, Some(failure_json(&failure))));
+                        self.push_step(row(StepStatus::Failed, None, Some(failure_json(&failure))));
                         Err(Interrupt::Failed(failure))
                     }
                 }
@@ -96,7 +96,7 @@ impl<S: Store> WorkflowContext<S> {
     {
         let spec = spec.into();
         let key = format!("{}{}", self.replay.prefix, spec.key);
-        if let Some(done) = self.replay(&key, &spec.name, kind::EXTERNAL)? {
+        if let Some(done) = self.replay(&key, &spec.name, StepKind::External)? {
             return done;
         }
         // A statement phase just committed this step's first intent: attempt 1 starts from it.
@@ -105,8 +105,8 @@ impl<S: Store> WorkflowContext<S> {
             Some(s) if intent_committed => (0, Previous::None, s.started_at),
             Some(s) => (
                 u32::try_from(s.attempts).unwrap_or(0),
-                match s.status.as_str() {
-                    step_status::RETRYING => Previous::Failed(s.error.clone().unwrap_or_default()),
+                match s.status {
+                    StepStatus::Retrying => Previous::Failed(s.error.clone().unwrap_or_default()),
                     _ => Previous::Unknown,
                 },
                 s.started_at,
@@ -116,25 +116,24 @@ impl<S: Store> WorkflowContext<S> {
         if let Some((name, input)) = &spec.compensation {
             self.register_compensation(&key, name, input)?;
         }
-        let row = |status: &str, attempts: u32, output: Option<String>, error: Option<String>, done: Option<i64>| {
-            StepRecord {
+        let row =
+            |status, attempts: u32, output: Option<String>, error: Option<String>, done: Option<i64>| StepRecord {
                 workflow_id: String::new(),
                 step_key: key.clone(),
                 step_name: spec.name.clone(),
-                kind: kind::EXTERNAL.to_owned(),
-                status: status.to_owned(),
+                kind: StepKind::External,
+                status,
                 attempts: i32::try_from(attempts).unwrap_or(i32::MAX),
                 output,
                 error,
                 started_at,
                 finished_at: done,
-            }
-        };
+            };
         loop {
             self.check_shutdown()?;
             attempts += 1;
             if !std::mem::take(&mut intent_committed) {
-                self.push_step(row(step_status::STARTED, attempts, None, None, None));
+                self.push_step(row(StepStatus::Started, attempts, None, None, None));
                 self.commit(WorkflowUpdate::default()).await?;
             }
             let result = f(Attempt { number: attempts, previous: previous.clone() }).await;
@@ -142,27 +141,27 @@ impl<S: Store> WorkflowContext<S> {
             let (status, message, delay) = match result {
                 Ok(value) => {
                     let output = serde_json::to_string(&value).map_err(|e| Interrupt::Engine(e.into()))?;
-                    self.push_step(row(step_status::COMPLETED, attempts, Some(output), None, Some(now)));
+                    self.push_step(row(StepStatus::Completed, attempts, Some(output), None, Some(now)));
                     return Ok(value);
                 }
                 Err(StepError::Terminal(failure)) => {
-                    self.push_step(row(step_status::FAILED, attempts, None, Some(failure_json(&failure)), Some(now)));
+                    self.push_step(row(StepStatus::Failed, attempts, None, Some(failure_json(&failure)), Some(now)));
                     return Err(Interrupt::Failed(failure));
                 }
-                Err(StepError::UnknownOutcome(m)) => (step_status::UNKNOWN, m, spec.retry.delay_unbounded(attempts)),
+                Err(StepError::UnknownOutcome(m)) => (StepStatus::Unknown, m, spec.retry.delay_unbounded(attempts)),
                 Err(e @ (StepError::Retryable(_) | StepError::Database(_))) => match spec.retry.delay_after(attempts) {
-                    Some(delay) => (step_status::RETRYING, e.to_string(), delay),
+                    Some(delay) => (StepStatus::Retrying, e.to_string(), delay),
                     None => {
                         let failure = Failure::new("retries_exhausted", format!("step {key}: {e}"));
                         let error = Some(failure_json(&failure));
-                        self.push_step(row(step_status::FAILED, attempts, None, error, Some(now)));
+                        self.push_step(row(StepStatus::Failed, attempts, None, error, Some(now)));
                         return Err(Interrupt::Failed(failure));
                     }
                 },
             };
             tracing::debug!(workflow_id = %self.run.workflow_id, step_key = %key, attempts, %message, "step will retry");
             previous =
-                if status == step_status::UNKNOWN { Previous::Unknown } else { Previous::Failed(message.clone()) };
+                if status == StepStatus::Unknown { Previous::Unknown } else { Previous::Failed(message.clone()) };
             self.push_step(row(status, attempts, None, Some(message), None));
             self.wait(delay).await?;
         }
@@ -188,7 +187,7 @@ impl<S: Store> WorkflowContext<S> {
         &self,
         key: &str,
         name: &str,
-        kind: &str,
+        kind: StepKind,
     ) -> Result<Option<Result<T, Interrupt>>, Interrupt> {
         let Some(s) = self.replay.history.get(key) else {
             return Ok(None);
@@ -200,13 +199,13 @@ impl<S: Store> WorkflowContext<S> {
                 now: format!("{name} ({kind})"),
             });
         }
-        match s.status.as_str() {
-            step_status::COMPLETED => {
+        match s.status {
+            StepStatus::Completed => {
                 let output = s.output.as_deref().unwrap_or("null");
                 Ok(Some(serde_json::from_str(output).map_err(|e| Interrupt::Engine(e.into()))))
             }
-            step_status::FAILED => Ok(Some(Err(Interrupt::Failed(parse_failure(s.error.as_deref()))))),
-            _ => Ok(None),
+            StepStatus::Failed => Ok(Some(Err(Interrupt::Failed(parse_failure(s.error.as_deref()))))),
+            StepStatus::Started | StepStatus::Unknown | StepStatus::Retrying => Ok(None),
         }
     }
 }

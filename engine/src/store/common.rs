@@ -2,7 +2,7 @@
 //! commit's failed check means, and lists of placeholders. Each backend writes its own statements around them,
 //! so that a decision is coded once while every query stays next to the code that binds it.
 
-use super::{Committed, Reopen, compensations, state};
+use super::{Committed, Reopen, WorkflowState, compensations};
 use crate::error::{Error, Result};
 
 /// The code a one-call commit raises when the phase's guard did not hold (Postgres: as the SQLSTATE of
@@ -46,7 +46,7 @@ pub(crate) enum Cleanup {
 #[derive(Debug)]
 pub(crate) struct ReopenPlan {
     /// The workflow's new state.
-    pub(crate) state: &'static str,
+    pub(crate) state: WorkflowState,
     /// Whether its error is cleared.
     pub(crate) clear_error: bool,
     /// Step rows to delete first.
@@ -60,31 +60,31 @@ pub(crate) struct ReopenPlan {
 /// is not one of `from_states`.
 pub(crate) fn reopen_plan(
     workflow_id: &str,
-    current: Option<(String, Option<String>)>,
-    from_states: &[&str],
+    current: Option<(WorkflowState, Option<String>)>,
+    from_states: &[WorkflowState],
     how: Reopen,
 ) -> Result<Option<ReopenPlan>> {
     let Some((current, comps)) = current else {
         return Err(Error::NotFound(workflow_id.to_owned()));
     };
-    if !from_states.contains(&current.as_str()) {
+    if !from_states.contains(&current) {
         return Ok(None);
     }
     Ok(Some(match how {
         Reopen::Forward => ReopenPlan {
-            state: state::RUNNING,
+            state: WorkflowState::Running,
             clear_error: true,
             cleanup: Some(Cleanup::FailedSteps),
             compensations: None,
         },
         Reopen::Compensation => ReopenPlan {
-            state: state::COMPENSATING,
+            state: WorkflowState::Compensating,
             clear_error: false,
             cleanup: Some(Cleanup::FailedCompensations),
             compensations: Some(compensations::reset_failed(workflow_id, comps.as_deref())?),
         },
         Reopen::Cancel => {
-            ReopenPlan { state: state::COMPENSATING, clear_error: false, cleanup: None, compensations: None }
+            ReopenPlan { state: WorkflowState::Compensating, clear_error: false, cleanup: None, compensations: None }
         }
     }))
 }
@@ -122,6 +122,14 @@ pub(crate) fn without_lock(migrator: &'static sqlx::migrate::Migrator) -> sqlx::
     }
 }
 
+/// `state IN ('completed', 'failed', 'cancelled')`: the condition the retention's SQL writes out in each backend's
+/// `gc.rs`, built from [`WorkflowState::DELETABLE`] for their tests to check it against.
+#[cfg(test)]
+pub(crate) fn deletable_states_in() -> String {
+    let states: Vec<String> = WorkflowState::DELETABLE.iter().map(|s| format!("'{s}'")).collect();
+    format!("state IN ({})", states.join(", "))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -138,11 +146,12 @@ mod tests {
 
     #[test]
     fn a_reopen_needs_the_workflow_in_an_allowed_state() {
-        let found = || Some(("failed".to_owned(), None));
-        assert!(matches!(reopen_plan("w", None, &["failed"], Reopen::Forward), Err(Error::NotFound(_))));
-        assert!(reopen_plan("w", found(), &["running"], Reopen::Forward).unwrap().is_none());
-        let plan = reopen_plan("w", found(), &["failed"], Reopen::Compensation).unwrap().unwrap();
-        assert_eq!((plan.state, plan.cleanup), (state::COMPENSATING, Some(Cleanup::FailedCompensations)));
+        let failed = WorkflowState::Failed;
+        let found = || Some((failed, None));
+        assert!(matches!(reopen_plan("w", None, &[failed], Reopen::Forward), Err(Error::NotFound(_))));
+        assert!(reopen_plan("w", found(), &[WorkflowState::Running], Reopen::Forward).unwrap().is_none());
+        let plan = reopen_plan("w", found(), &[failed], Reopen::Compensation).unwrap().unwrap();
+        assert_eq!((plan.state, plan.cleanup), (WorkflowState::Compensating, Some(Cleanup::FailedCompensations)));
         assert_eq!(plan.compensations.as_deref(), Some("[]"));
     }
 }

@@ -5,24 +5,25 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{CompensationRecord, compensation_status};
+use super::{CompensationRecord, CompensationStatus};
 use crate::error::Result;
 
-/// One element of the stored array: a [`CompensationRecord`] without the workflow id, which is the row's.
+/// One element of the stored array: a [`CompensationRecord`] without the workflow id, which is the row's. The
+/// status is its text (a status this version does not know fails the decoding).
 #[derive(Serialize, Deserialize)]
 struct Stored<S> {
     seq: i32,
     step_key: S,
     name: S,
     input: S,
-    status: S,
+    status: CompensationStatus,
 }
 
 /// The stored form of `comps`.
 pub(crate) fn encode(comps: &[CompensationRecord]) -> Result<String> {
     let stored: Vec<Stored<&str>> = comps
         .iter()
-        .map(|c| Stored { seq: c.seq, step_key: &*c.step_key, name: &*c.name, input: &*c.input, status: &*c.status })
+        .map(|c| Stored { seq: c.seq, step_key: &*c.step_key, name: &*c.name, input: &*c.input, status: c.status })
         .collect();
     Ok(serde_json::to_string(&stored)?)
 }
@@ -49,8 +50,8 @@ pub(crate) fn decode(workflow_id: &str, stored: Option<&str>) -> Result<Vec<Comp
 /// The stored list with every failed compensation registered again (an operator's retry of the compensations).
 pub(crate) fn reset_failed(workflow_id: &str, stored: Option<&str>) -> Result<String> {
     let mut comps = decode(workflow_id, stored)?;
-    for c in comps.iter_mut().filter(|c| c.status == compensation_status::FAILED) {
-        compensation_status::REGISTERED.clone_into(&mut c.status);
+    for c in comps.iter_mut().filter(|c| c.status == CompensationStatus::Failed) {
+        c.status = CompensationStatus::Registered;
     }
     encode(&comps)
 }
@@ -59,20 +60,20 @@ pub(crate) fn reset_failed(workflow_id: &str, stored: Option<&str>) -> Result<St
 mod tests {
     use super::*;
 
-    fn comp(seq: i32, status: &str) -> CompensationRecord {
+    fn comp(seq: i32, status: CompensationStatus) -> CompensationRecord {
         CompensationRecord {
             workflow_id: "w".into(),
             seq,
             step_key: format!("step{seq}"),
             name: "undo".into(),
             input: r#"{"a":"\"quoted\""}"#.into(),
-            status: status.into(),
+            status,
         }
     }
 
     #[test]
     fn a_list_reads_back_as_written_in_registration_order() {
-        let comps = vec![comp(1, "done"), comp(0, "registered")];
+        let comps = vec![comp(1, CompensationStatus::Done), comp(0, CompensationStatus::Registered)];
         let back = decode("w", Some(&encode(&comps).unwrap())).unwrap();
         assert_eq!(back, vec![comps[1].clone(), comps[0].clone()]);
         assert!(decode("w", None).unwrap().is_empty());
@@ -80,8 +81,26 @@ mod tests {
 
     #[test]
     fn a_retry_registers_failed_compensations_again() {
-        let stored = encode(&[comp(0, "done"), comp(1, "failed")]).unwrap();
+        let stored = encode(&[comp(0, CompensationStatus::Done), comp(1, CompensationStatus::Failed)]).unwrap();
         let back = decode("w", Some(&reset_failed("w", Some(&stored)).unwrap())).unwrap();
-        assert_eq!(back.iter().map(|c| c.status.as_str()).collect::<Vec<_>>(), ["done", "registered"]);
+        let statuses: Vec<_> = back.iter().map(|c| c.status).collect();
+        assert_eq!(statuses, [CompensationStatus::Done, CompensationStatus::Registered]);
+    }
+
+    #[test]
+    fn the_stored_form_is_the_one_older_versions_wrote_and_read() {
+        let stored = concat!(
+            r#"[{"seq":0,"step_key":"step0","name":"undo","input":"{\"a\":\"\\\"quoted\\\"\"}","status":"done"},"#,
+            r#"{"seq":1,"step_key":"step1","name":"undo","input":"{\"a\":\"\\\"quoted\\\"\"}","status":"registered"}]"#,
+        );
+        let comps = [comp(0, CompensationStatus::Done), comp(1, CompensationStatus::Registered)];
+        assert_eq!(encode(&comps).unwrap(), stored);
+        assert_eq!(decode("w", Some(stored)).unwrap(), comps);
+    }
+
+    #[test]
+    fn a_status_this_version_does_not_know_does_not_decode() {
+        let stored = r#"[{"seq":0,"step_key":"s","name":"undo","input":"null","status":"skipped"}]"#;
+        assert!(decode("w", Some(stored)).is_err());
     }
 }

@@ -6,7 +6,7 @@
 //! A backend is a folder (`postgres/`, `sqlite/`, `mysql/`) that holds all of its SQL, written out in its own
 //! parameter style next to the code that binds it, so that one database's queries read and change on their
 //! own. What the backends share is Rust without SQL: the decisions in `common.rs`, the compensation list's
-//! encoding in `compensations.rs`, the held connections in `held.rs`.
+//! encoding in `compensations.rs`, the held connections in `held.rs`, the statuses and their text in `status.rs`.
 
 use std::future::Future;
 
@@ -21,16 +21,17 @@ mod page;
 mod postgres;
 mod records;
 mod sqlite;
+mod status;
+mod stored_as_text;
 
 pub use crate::error::is_transient;
 pub use held::Writer;
 pub use mysql::{MIGRATOR as MYSQL_MIGRATOR, MySqlStore};
 pub use page::{Cursor, WorkflowFilter};
 pub use postgres::{MIGRATOR as POSTGRES_MIGRATOR, PgStore};
-pub use records::{
-    CompensationRecord, Deleted, StepRecord, WorkflowRecord, compensation_status, kind, state, step_status,
-};
+pub use records::{CompensationRecord, Deleted, StepRecord, WorkflowRecord};
 pub use sqlite::{MIGRATOR as SQLITE_MIGRATOR, PHASE_FLAGS as SQLITE_PHASE_FLAGS, SqliteStore};
+pub use status::{CompensationStatus, StepKind, StepStatus, WorkflowState};
 
 /// A connection of the store's database, as handed to transactional steps.
 pub type Conn<S> = <<S as Store>::Db as sqlx::Database>::Connection;
@@ -42,7 +43,7 @@ pub type Tx<S> = sqlx::Transaction<'static, <S as Store>::Db>;
 #[derive(Debug, Clone, Default)]
 pub struct WorkflowUpdate {
     /// New state, if it changes.
-    pub state: Option<&'static str>,
+    pub state: Option<WorkflowState>,
     /// Output JSON, when completing.
     pub output: Option<String>,
     /// Failure JSON, when failing.
@@ -56,7 +57,7 @@ impl WorkflowUpdate {
     pub fn applied_to(&self, row: &WorkflowRecord, now: i64) -> WorkflowRecord {
         let mut row = row.clone();
         if let Some(state) = self.state {
-            state.clone_into(&mut row.state);
+            row.state = state;
         }
         if self.output.is_some() {
             row.output.clone_from(&self.output);
@@ -325,7 +326,7 @@ pub trait Store: sealed::Sealed + Clone + Send + Sync + 'static {
 
     /// How many workflows are in each state: a scan of the workflow table, run at most once per
     /// `count_interval` (see `Engine::workflow_counts`), never per request or scrape.
-    fn count_by_state(&self) -> impl Future<Output = Result<Vec<(String, i64)>>> + Send;
+    fn count_by_state(&self) -> impl Future<Output = Result<Vec<(WorkflowState, i64)>>> + Send;
 
     /// Up to `limit` workflows that pass `filter`, newest first: by `created_at`, then `workflow_id`, both
     /// descending (the order [`Cursor`] continues). Every filter is a condition of the query, read through an
@@ -339,13 +340,13 @@ pub trait Store: sealed::Sealed + Clone + Send + Sync + 'static {
     fn reopen(
         &self,
         workflow_id: &str,
-        from_states: &[&str],
+        from_states: &[WorkflowState],
         how: Reopen,
         error: Option<String>,
         now: i64,
     ) -> impl Future<Output = Result<Option<WorkflowRecord>>> + Send;
 
-    /// Deletes up to `limit` finished workflows ([`state::DELETABLE`]) whose last change (`updated_at`, their
+    /// Deletes up to `limit` finished workflows ([`WorkflowState::DELETABLE`]) whose last change (`updated_at`, their
     /// end) is at or before `ended_by` (ms), with their step rows, in one short transaction. A workflow another
     /// transaction holds (an operator's retry) is skipped, and one that changed meanwhile is deleted only if it
     /// is still finished and ended by `ended_by`. Returns what it deleted.

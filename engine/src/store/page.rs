@@ -31,7 +31,7 @@ pub struct WorkflowFilter<'a> {
     /// Only this tenant's workflows (`workflows.tenant`); `None`: every workflow, with a tenant or not.
     pub tenant: Option<&'a str>,
     /// Only workflows in this state.
-    pub state: Option<&'a str>,
+    pub state: Option<super::WorkflowState>,
     /// Only workflows after this position (the previous page's last).
     pub after: Option<&'a Cursor>,
 }

@@ -1,12 +1,7 @@
-//! The states an order, a token and a payment record go through: one enum each, stored as its text.
-
-use std::fmt;
-use std::str::FromStr;
+//! The states an order, a token and a payment record go through: one enum each, stored as its text (with the
+//! engine's [`onceflow_engine::stored_as_text!`], as the engine's own statuses are).
 
 use serde::{Deserialize, Serialize};
-use sqlx::encode::IsNull;
-use sqlx::error::BoxDynError;
-use sqlx::{Database, Decode, Encode, Type};
 
 /// An order's status.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
@@ -46,66 +41,7 @@ pub enum PaymentStatus {
     Failed,
 }
 
-/// Each enum's text, both ways, and its column: text on every backend (decoded through the text, so a value this
-/// version does not know is an error, never a silent default).
-macro_rules! stored_as_text {
-    ($($ty:ident { $($variant:ident = $text:literal),+ $(,)? })+) => {$(
-        impl $ty {
-            /// As stored and shown.
-            pub const fn as_str(self) -> &'static str {
-                match self { $(Self::$variant => $text),+ }
-            }
-        }
-
-        impl FromStr for $ty {
-            type Err = String;
-            fn from_str(s: &str) -> Result<Self, String> {
-                match s {
-                    $($text => Ok(Self::$variant),)+
-                    other => Err(format!("`{other}` is not a {}", stringify!($ty))),
-                }
-            }
-        }
-
-        impl fmt::Display for $ty {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str(self.as_str())
-            }
-        }
-
-        impl<DB: Database> Type<DB> for $ty
-        where
-            str: Type<DB>,
-        {
-            fn type_info() -> DB::TypeInfo {
-                <str as Type<DB>>::type_info()
-            }
-            fn compatible(ty: &DB::TypeInfo) -> bool {
-                <str as Type<DB>>::compatible(ty)
-            }
-        }
-
-        impl<'q, DB: Database> Encode<'q, DB> for $ty
-        where
-            &'static str: Encode<'q, DB>,
-        {
-            fn encode_by_ref(&self, buf: &mut DB::ArgumentBuffer) -> Result<IsNull, BoxDynError> {
-                self.as_str().encode_by_ref(buf)
-            }
-        }
-
-        impl<'r, DB: Database> Decode<'r, DB> for $ty
-        where
-            &'r str: Decode<'r, DB>,
-        {
-            fn decode(value: DB::ValueRef<'r>) -> Result<Self, BoxDynError> {
-                Ok(<&'r str as Decode<'r, DB>>::decode(value)?.parse()?)
-            }
-        }
-    )+};
-}
-
-stored_as_text! {
+onceflow_engine::stored_as_text! {
     OrderStatus { Pending = "pending", Paying = "paying", Paid = "paid" }
     TokenState { Issued = "issued", InUse = "in_use", Completed = "completed" }
     PaymentStatus { Processing = "processing", Succeeded = "succeeded", Declined = "declined", Failed = "failed" }

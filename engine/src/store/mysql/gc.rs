@@ -4,9 +4,9 @@ use super::{Deleted, MySqlStore, Store, placeholders};
 use crate::error::Result;
 
 /// Finished workflows ended by `?` (a `failed` one only once nothing it registered is left to undo: see
-/// [`crate::store::state::DELETABLE`]), through `workflows_finished (state, updated_at)` (one range per state; no
-/// `ORDER BY`, so the scan stops at the limit), locked `SKIP LOCKED`: a row an operator's retry holds is left
-/// for the next pass, and a locking read sees the latest committed row, so a reopened workflow is not taken.
+/// [`crate::store::WorkflowState::DELETABLE`]), through `workflows_finished (state, updated_at)` (one range per state;
+/// no `ORDER BY`, so the scan stops at the limit), locked `SKIP LOCKED`: a row an operator's retry holds is left for
+/// the next pass, and a locking read sees the latest committed row, so a reopened workflow is not taken.
 const DOOMED: &str = "SELECT workflow_id FROM workflows \
      WHERE state IN ('completed', 'failed', 'cancelled') AND updated_at <= ? \
        AND (state <> 'failed' OR NOT COALESCE(JSON_CONTAINS(compensations, '{\"status\": \"registered\"}'), 0)) \
@@ -44,4 +44,15 @@ pub(super) async fn count_finished(store: &MySqlStore, ended_by: i64) -> Result<
     let workflows: i64 = sqlx::query_scalar(COUNT_WORKFLOWS).bind(ended_by).fetch_one(store.pool()).await?;
     let steps: i64 = sqlx::query_scalar(COUNT_STEPS).bind(ended_by).fetch_one(store.pool()).await?;
     Ok(Deleted { workflows: u64::try_from(workflows).unwrap_or(0), steps: u64::try_from(steps).unwrap_or(0) })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn deletes_the_deletable_states_only() {
+        let deletable = crate::store::common::deletable_states_in();
+        for sql in [super::DOOMED, super::COUNT_WORKFLOWS, super::COUNT_STEPS] {
+            assert!(sql.contains(&deletable), "{sql}");
+        }
+    }
 }

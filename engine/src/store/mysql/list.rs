@@ -19,7 +19,7 @@ pub(super) async fn list(pool: &MySqlPool, filter: WorkflowFilter<'_>, limit: i6
         conds.push("tenant = ?");
     }
     if let Some(state) = filter.state {
-        args.add(state.to_owned()).map_err(sqlx::Error::Encode)?;
+        args.add(state).map_err(sqlx::Error::Encode)?;
         conds.push("state = ?");
     }
     if let Some(after) = filter.after {

@@ -20,7 +20,7 @@ use sqlx::{Executor, MySql};
 use super::common::{self, Cleanup};
 use super::{
     CompensationRecord, Conn, Deleted, Listener, Reopen, StepRecord, Store, Tx, WorkflowFilter, WorkflowRecord,
-    WorkflowUpdate, compensations,
+    WorkflowState, WorkflowUpdate, compensations,
 };
 use crate::error::Result;
 
@@ -151,7 +151,7 @@ fn bind_workflow<'q>(q: MySqlQuery<'q>, wf: &WorkflowRecord, comps: String) -> M
         .bind(&wf.name)
         .bind(&wf.input)
         .bind(&wf.input_hash)
-        .bind(&wf.state)
+        .bind(wf.state)
         .bind(&wf.output)
         .bind(&wf.error)
         .bind(&wf.lease_owner)
@@ -172,8 +172,8 @@ fn bind_steps<'q>(mut q: MySqlQuery<'q>, steps: &[StepRecord]) -> MySqlQuery<'q>
             .bind(&s.workflow_id)
             .bind(&s.step_key)
             .bind(&s.step_name)
-            .bind(&s.kind)
-            .bind(&s.status)
+            .bind(s.kind)
+            .bind(s.status)
             .bind(s.attempts)
             .bind(&s.output)
             .bind(&s.error)
@@ -354,7 +354,7 @@ impl Store for MySqlStore {
         Ok(())
     }
 
-    async fn count_by_state(&self) -> Result<Vec<(String, i64)>> {
+    async fn count_by_state(&self) -> Result<Vec<(WorkflowState, i64)>> {
         Ok(sqlx::query_as("SELECT state, count(*) FROM workflows GROUP BY state").fetch_all(&self.pool).await?)
     }
 
@@ -366,7 +366,7 @@ impl Store for MySqlStore {
     async fn reopen(
         &self,
         workflow_id: &str,
-        from_states: &[&str],
+        from_states: &[WorkflowState],
         how: Reopen,
         error: Option<String>,
         now: i64,

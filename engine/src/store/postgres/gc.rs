@@ -3,10 +3,10 @@
 use super::{Deleted, PgStore};
 use crate::error::Result;
 
-/// One batch as one statement (its own short transaction): the oldest finished workflows through the partial
-/// index `workflows_finished` (a `failed` one only once nothing it registered is left to undo: see
-/// [`crate::store::state::DELETABLE`]), locked `SKIP LOCKED` (a row an operator's retry holds is left for the next
-/// pass; a row that changed since the statement's snapshot is re-checked on its new version, so a reopened
+/// One batch as one statement (its own short transaction): the oldest finished workflows through the partial index
+/// `workflows_finished` (a `failed` one only once nothing it registered is left to undo: see
+/// [`crate::store::WorkflowState::DELETABLE`]), locked `SKIP LOCKED` (a row an operator's retry holds is left for the
+/// next pass; a row that changed since the statement's snapshot is re-checked on its new version, so a reopened
 /// workflow is not deleted), then their step rows.
 const DELETE_FINISHED: &str = "WITH doomed AS ( \
        SELECT workflow_id FROM workflows \
@@ -36,4 +36,15 @@ pub(super) async fn count_finished(store: &PgStore, ended_by: i64) -> Result<Del
 
 fn deleted(workflows: i64, steps: i64) -> Deleted {
     Deleted { workflows: u64::try_from(workflows).unwrap_or(0), steps: u64::try_from(steps).unwrap_or(0) }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn deletes_the_deletable_states_only() {
+        let deletable = crate::store::common::deletable_states_in();
+        for sql in [super::DELETE_FINISHED, super::COUNT_FINISHED] {
+            assert!(sql.contains(&deletable), "{sql}");
+        }
+    }
 }

@@ -15,20 +15,11 @@
 use sqlx::postgres::PgArguments;
 use sqlx::{Arguments, PgPool, Postgres};
 
-use super::super::{WorkflowFilter, WorkflowRecord, state};
+use super::super::{WorkflowFilter, WorkflowRecord, WorkflowState};
 use crate::error::Result;
 
-/// The page's query and its arguments; `None` for a state no workflow can be in.
-pub(super) fn list_query(filter: WorkflowFilter<'_>, limit: i64) -> Result<Option<(String, PgArguments)>> {
-    // A state is written as a literal, and only as one of the engine's own (so each branch's plan is that
-    // state's range of the index, and nothing from the caller is spliced into the SQL).
-    let states: Vec<&'static str> = match filter.state {
-        Some(wanted) => match state::ALL.iter().find(|s| **s == wanted) {
-            Some(s) => vec![*s],
-            None => return Ok(None),
-        },
-        None => state::ALL.to_vec(),
-    };
+/// The page's query and its arguments.
+pub(super) fn list_query(filter: WorkflowFilter<'_>, limit: i64) -> Result<(String, PgArguments)> {
     let mut args = PgArguments::default();
     let mut conds = Vec::new();
     if let Some(tenant) = filter.tenant {
@@ -43,23 +34,25 @@ pub(super) fn list_query(filter: WorkflowFilter<'_>, limit: i64) -> Result<Optio
     args.add(limit).map_err(sqlx::Error::Encode)?;
     let limit = format!("${}", args.len());
     let order = "ORDER BY created_at DESC, workflow_id DESC";
-    let page = |state: Option<&str>| {
+    // A state is written as a literal, its text: each branch's plan is that state's range of the index (and a
+    // state is one of the engine's own, so nothing from the caller is spliced into the SQL).
+    let page = |state: Option<WorkflowState>| {
         let mut conds = conds.clone();
-        conds.extend(state.map(|s| format!("state = '{s}'")));
+        conds.extend(state.map(|s| format!("state = '{}'", s.as_str())));
         let filter = if conds.is_empty() { String::new() } else { format!(" WHERE {}", conds.join(" AND ")) };
         format!("SELECT * FROM workflows{filter} {order} LIMIT {limit}")
     };
-    let sql = if filter.tenant.is_some() || states.len() == 1 {
-        page(filter.state.and(states.first().copied()))
+    let sql = if filter.tenant.is_some() || filter.state.is_some() {
+        page(filter.state)
     } else {
-        let branches: Vec<String> = states.iter().map(|s| format!("({})", page(Some(s)))).collect();
+        let branches: Vec<String> = WorkflowState::ALL.iter().map(|s| format!("({})", page(Some(*s)))).collect();
         format!("SELECT * FROM ({}) page {order} LIMIT {limit}", branches.join(" UNION ALL "))
     };
-    Ok(Some((sql, args)))
+    Ok((sql, args))
 }
 
 /// The page.
 pub(super) async fn list(pool: &PgPool, filter: WorkflowFilter<'_>, limit: i64) -> Result<Vec<WorkflowRecord>> {
-    let Some((sql, args)) = list_query(filter, limit)? else { return Ok(Vec::new()) };
+    let (sql, args) = list_query(filter, limit)?;
     Ok(sqlx::query_as_with::<Postgres, WorkflowRecord, _>(sqlx::AssertSqlSafe(sql), args).fetch_all(pool).await?)
 }

@@ -14,7 +14,7 @@ use super::common::{self, Cleanup};
 use super::held::Held;
 use super::{
     Checkpoint, Committed, CompensationRecord, Conn, Deleted, Listener, ListenerInner, Reopen, StepRecord, Store, Tx,
-    WorkflowFilter, WorkflowRecord, WorkflowUpdate, Writer, compensations,
+    WorkflowFilter, WorkflowRecord, WorkflowState, WorkflowUpdate, Writer, compensations,
 };
 use crate::error::Result;
 use crate::phase::PhaseCommit;
@@ -69,7 +69,7 @@ impl PgStore {
     /// The plan (`EXPLAIN`) of the query [`Store::list`] sends for `filter`, on `conn` (whose session settings it
     /// keeps): for tests and operators who check that a page reads an index, not the table.
     pub async fn explain_list(conn: &mut sqlx::PgConnection, filter: WorkflowFilter<'_>, limit: i64) -> Result<String> {
-        let Some((sql, args)) = list::list_query(filter, limit)? else { return Ok(String::new()) };
+        let (sql, args) = list::list_query(filter, limit)?;
         let q = sqlx::query_scalar_with::<Postgres, String, _>(sqlx::AssertSqlSafe(format!("EXPLAIN {sql}")), args);
         Ok(q.fetch_all(conn).await?.join("\n"))
     }
@@ -267,7 +267,7 @@ impl Store for PgStore {
         Ok(())
     }
 
-    async fn count_by_state(&self) -> Result<Vec<(String, i64)>> {
+    async fn count_by_state(&self) -> Result<Vec<(WorkflowState, i64)>> {
         Ok(sqlx::query_as("SELECT state, count(*) FROM workflows GROUP BY state").fetch_all(&self.pool).await?)
     }
 
@@ -279,7 +279,7 @@ impl Store for PgStore {
     async fn reopen(
         &self,
         workflow_id: &str,
-        from_states: &[&str],
+        from_states: &[WorkflowState],
         how: Reopen,
         error: Option<String>,
         now: i64,

@@ -4,8 +4,8 @@ use super::{Deleted, SqliteStore, Store};
 use crate::error::Result;
 
 /// The oldest finished workflows (a `failed` one only once nothing it registered is left to undo: see
-/// [`crate::store::state::DELETABLE`]), through the partial index `workflows_finished`, named: without statistics
-/// SQLite would rather take `workflows_state` for the `IN` and sort every finished workflow.
+/// [`crate::store::WorkflowState::DELETABLE`]), through the partial index `workflows_finished`, named: without
+/// statistics SQLite would rather take `workflows_state` for the `IN` and sort every finished workflow.
 const DOOMED: &str = "SELECT workflow_id FROM workflows INDEXED BY workflows_finished \
      WHERE state IN ('completed', 'failed', 'cancelled') AND updated_at <= $1 \
        AND (state <> 'failed' OR NOT EXISTS (SELECT 1 FROM json_each(compensations) \
@@ -39,4 +39,15 @@ pub(super) async fn delete_finished(store: &SqliteStore, ended_by: i64, limit: i
 pub(super) async fn count_finished(store: &SqliteStore, ended_by: i64) -> Result<Deleted> {
     let (workflows, steps): (i64, i64) = sqlx::query_as(COUNT_FINISHED).bind(ended_by).fetch_one(&store.pool).await?;
     Ok(Deleted { workflows: u64::try_from(workflows).unwrap_or(0), steps: u64::try_from(steps).unwrap_or(0) })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn deletes_the_deletable_states_only() {
+        let deletable = crate::store::common::deletable_states_in();
+        for sql in [super::DOOMED, super::COUNT_FINISHED] {
+            assert!(sql.contains(&deletable), "{sql}");
+        }
+    }
 }

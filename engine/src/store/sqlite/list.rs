@@ -18,7 +18,7 @@ pub(super) async fn list(pool: &SqlitePool, filter: WorkflowFilter<'_>, limit: i
         conds.push(format!("tenant = ${}", args.len()));
     }
     if let Some(state) = filter.state {
-        args.add(state.to_owned()).map_err(sqlx::Error::Encode)?;
+        args.add(state).map_err(sqlx::Error::Encode)?;
         conds.push(format!("state = ${}", args.len()));
     }
     if let Some(after) = filter.after {

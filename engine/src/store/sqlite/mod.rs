@@ -17,7 +17,7 @@ use super::common::{self, Cleanup};
 use super::held::Held;
 use super::{
     Checkpoint, Committed, CompensationRecord, Conn, Deleted, Listener, Reopen, StepRecord, Store, Tx, WorkflowFilter,
-    WorkflowRecord, WorkflowUpdate, Writer, compensations,
+    WorkflowRecord, WorkflowState, WorkflowUpdate, Writer, compensations,
 };
 use crate::error::Result;
 use crate::phase::PhaseCommit;
@@ -269,7 +269,7 @@ impl Store for SqliteStore {
         Ok(())
     }
 
-    async fn count_by_state(&self) -> Result<Vec<(String, i64)>> {
+    async fn count_by_state(&self) -> Result<Vec<(WorkflowState, i64)>> {
         Ok(sqlx::query_as("SELECT state, count(*) FROM workflows GROUP BY state").fetch_all(&self.pool).await?)
     }
 
@@ -281,7 +281,7 @@ impl Store for SqliteStore {
     async fn reopen(
         &self,
         workflow_id: &str,
-        from_states: &[&str],
+        from_states: &[WorkflowState],
         how: Reopen,
         error: Option<String>,
         now: i64,
