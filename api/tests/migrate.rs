@@ -97,7 +97,7 @@ async fn an_index_build_that_died_is_built_again() {
     // 0012 valid (the server finished the build after the process was gone, before the history row).
     let leftovers = [
         (9, "workflows_finished", "CREATE UNIQUE INDEX CONCURRENTLY workflows_finished ON workflows ((1))"),
-        (10, "tokens_retention", "CREATE UNIQUE INDEX CONCURRENTLY tokens_retention ON idempotency_tokens ((1))"),
+        (10, "tokens_unused", "CREATE UNIQUE INDEX CONCURRENTLY tokens_unused ON idempotency_tokens ((1))"),
         (12, "workflows_tenant_page", "CREATE INDEX CONCURRENTLY workflows_tenant_page ON workflows (tenant)"),
     ];
     for (version, index, create) in leftovers {
@@ -110,7 +110,7 @@ async fn an_index_build_that_died_is_built_again() {
     }
     let mut invalid = invalid_indexes(&mut conn).await;
     invalid.sort();
-    assert_eq!(invalid, ["tokens_retention", "workflows_finished"]);
+    assert_eq!(invalid, ["tokens_unused", "workflows_finished"]);
 
     assert!(migrate(&url).wait().unwrap().success(), "the next start migrates");
     assert_eq!(invalid_indexes(&mut conn).await, Vec::<String>::new());

@@ -30,59 +30,41 @@ pub trait StandardSql: Store {
     fn lock_pass(&self) -> impl Future<Output = Result<Option<PassLock>, sqlx::Error>> + Send;
 }
 
-/// The time a token's retention counts from: its expiry while unused, its last change (the payment's end)
-/// once used. This expression is the key of the index `tokens_retention` after the state (migration 0010),
-/// written here exactly as there so that the planner uses it.
-macro_rules! retained_from {
-    () => {
-        "(CASE WHEN state = 'issued' THEN expires_at ELSE updated_at END)"
-    };
-}
-
-/// The tokens in `$state` a retention pass may delete, those retained from `$1` or earlier. A batch takes them
-/// in the index's order (oldest first), so it is one bounded range of `tokens_retention` (without the order,
-/// Postgres may prefer a heap scan that stops at the limit, over dead rows).
-macro_rules! doomed_tokens {
-    ($state:literal) => {
-        concat!("state = '", $state, "' AND ", retained_from!(), " <= $1")
-    };
-}
-
-/// The same condition, re-checked by the outer `DELETE` on each row the batch chose, so that a row changed
-/// since the subquery read it (an expired token revived by `ensure_token`) is left alone. Written so that no
-/// index serves it (`|| ''`, `+ 0`): the rows are found by their primary key, not by a second scan of the whole
-/// due range (SQLite without statistics would choose that).
-macro_rules! still_doomed {
-    ($state:literal) => {
-        concat!("state || '' = '", $state, "' AND ", retained_from!(), " + 0 <= $1")
+/// The SQL of [`PaymentStore::delete_tokens`] and [`PaymentStore::count_tokens`] for a kind of token: those in
+/// `$state` whose `$column` (the time their retention counts from: the expiry while unused, the last change, the
+/// payment's end, once used) is `$1` or earlier. A batch takes them in the order of the partial index on
+/// `$column` for `$state` (`tokens_unused`, `tokens_used`: migrations 0010, 0013), oldest first, so it is one
+/// bounded range of it (without the order, Postgres may prefer a heap scan that stops at the limit, over dead
+/// rows). The outer `DELETE` re-checks the condition on each row the batch chose, so that a row changed since the
+/// subquery read it (an expired token revived by `ensure_token`, one claimed) is left alone; it is written so
+/// that no index serves it (`|| ''`, `+ 0`): the rows are found by their primary key, not by a second scan of the
+/// whole due range (SQLite without statistics would choose that).
+macro_rules! token_sql {
+    ($state:literal, $column:literal) => {
+        (
+            concat!(
+                "DELETE FROM idempotency_tokens WHERE token IN (SELECT token FROM idempotency_tokens WHERE state = '",
+                $state,
+                "' AND ",
+                $column,
+                " <= $1 ORDER BY ",
+                $column,
+                " LIMIT $2) AND state || '' = '",
+                $state,
+                "' AND ",
+                $column,
+                " + 0 <= $1"
+            ),
+            concat!("SELECT count(*) FROM idempotency_tokens WHERE state = '", $state, "' AND ", $column, " <= $1"),
+        )
     };
 }
 
 /// The SQL of [`PaymentStore::delete_tokens`] and [`PaymentStore::count_tokens`] for `kind`.
 fn token_sql(kind: TokenKind) -> (&'static str, &'static str) {
     match kind {
-        TokenKind::Unused => (
-            concat!(
-                "DELETE FROM idempotency_tokens WHERE token IN (SELECT token FROM idempotency_tokens WHERE ",
-                doomed_tokens!("issued"),
-                " ORDER BY ",
-                retained_from!(),
-                " LIMIT $2) AND ",
-                still_doomed!("issued")
-            ),
-            concat!("SELECT count(*) FROM idempotency_tokens WHERE ", doomed_tokens!("issued")),
-        ),
-        TokenKind::Used => (
-            concat!(
-                "DELETE FROM idempotency_tokens WHERE token IN (SELECT token FROM idempotency_tokens WHERE ",
-                doomed_tokens!("completed"),
-                " ORDER BY ",
-                retained_from!(),
-                " LIMIT $2) AND ",
-                still_doomed!("completed")
-            ),
-            concat!("SELECT count(*) FROM idempotency_tokens WHERE ", doomed_tokens!("completed")),
-        ),
+        TokenKind::Unused => token_sql!("issued", "expires_at"),
+        TokenKind::Used => token_sql!("completed", "updated_at"),
     }
 }
 
