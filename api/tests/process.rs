@@ -161,6 +161,22 @@ async fn read_only_commands_do_not_migrate() {
     assert!(tables.is_empty(), "a read-only command created {tables:?}");
 }
 
+/// A `serve` killed however the test ends: a server left running would hold the test's output open.
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// [`serve`], killed when the returned guard is dropped.
+async fn serve_killed(args: &[&str]) -> (Killed, String) {
+    let (child, base) = serve(args).await;
+    (Killed(child), base)
+}
+
 /// A slowloris client — connections that send part of a request's headers and then nothing — is cut off after
 /// `--header-read-timeout`, and while `--max-connections` are taken by such clients a real request waits for a
 /// slot instead of being refused or hanging for ever.
@@ -169,16 +185,7 @@ async fn slow_clients_cannot_hold_the_server() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let url = database("sqlite").await.unwrap();
     let args = ["--database-url", &url, "--header-read-timeout", "500ms", "--max-connections", "2"];
-    let (child, base) = serve(&args).await;
-    // Killed however the test ends: a server left running would hold the test's output open.
-    struct Killed(Child);
-    impl Drop for Killed {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-    let child = Killed(child);
+    let (child, base) = serve_killed(&args).await;
     let addr = base.trim_start_matches("http://").to_owned();
     let mut slow = Vec::new();
     for _ in 0..2 {
@@ -217,15 +224,7 @@ async fn slow_bodies_cannot_hold_the_server() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let url = database("sqlite").await.unwrap();
     let args = ["--database-url", &url, "--body-read-timeout", "500ms", "--max-connections", "2"];
-    let (child, base) = serve(&args).await;
-    struct Killed(Child);
-    impl Drop for Killed {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-    let child = Killed(child);
+    let (child, base) = serve_killed(&args).await;
     let addr = base.trim_start_matches("http://").to_owned();
     let mut slow = Vec::new();
     for _ in 0..2 {

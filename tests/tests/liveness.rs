@@ -196,6 +196,21 @@ async fn the_heartbeat_extends_only_the_listed_leases<S: TestDb>(store: S) {
     }
 }
 
+/// Every connection there is, held: the store's held writers, then the rest of its pool.
+async fn take_every_connection<S: TestDb>(
+    store: &S,
+) -> (Vec<onceflow_engine::store::Writer<'_, S::Db>>, Vec<sqlx::pool::PoolConnection<S::Db>>) {
+    let mut writers = Vec::new();
+    while let Ok(Ok(w)) = tokio::time::timeout(Duration::from_millis(200), store.writer()).await {
+        writers.push(w);
+    }
+    let mut connections = Vec::new();
+    while let Ok(Ok(c)) = tokio::time::timeout(Duration::from_millis(200), store.pool().acquire()).await {
+        connections.push(c);
+    }
+    (writers, connections)
+}
+
 /// Every connection of the pool taken (by requests waiting, by commits held): the heartbeat still keeps the lease
 /// of a run in flight, on a connection of its own, so no other claim takes the workflow away from its live run.
 async fn a_saturated_pool_does_not_starve_the_heartbeat<S: TestDb>(store: S) {
@@ -206,15 +221,7 @@ async fn a_saturated_pool_does_not_starve_the_heartbeat<S: TestDb>(store: S) {
     engine.spawn_background();
     engine.start::<Gated>("starved", &()).await.unwrap();
     tokio::time::timeout(BOUND, reach.recv()).await.expect("the run reached its call");
-    // Take every connection there is: the held writers and the rest of the pool.
-    let mut writers = Vec::new();
-    while let Ok(Ok(w)) = tokio::time::timeout(Duration::from_millis(200), store.writer()).await {
-        writers.push(w);
-    }
-    let mut connections = Vec::new();
-    while let Ok(Ok(c)) = tokio::time::timeout(Duration::from_millis(200), store.pool().acquire()).await {
-        connections.push(c);
-    }
+    let (writers, connections) = take_every_connection(&store).await;
     // Several leases long; then the lease, read as another process would, is still live.
     tokio::time::sleep(LEASE * 5).await;
     let other = store.another_pool().await.unwrap();
@@ -253,14 +260,7 @@ async fn a_saturated_pool_does_not_starve_the_recovery_scan<S: TestDb>(store: S)
     tokio::time::timeout(BOUND, reach.recv()).await.expect("the first run reached its call");
     tokio::time::sleep(LEASE * 2).await;
     let engine = Engine::builder(store.clone()).register(gated()).config(config).build();
-    let mut writers = Vec::new();
-    while let Ok(Ok(w)) = tokio::time::timeout(Duration::from_millis(200), store.writer()).await {
-        writers.push(w);
-    }
-    let mut connections = Vec::new();
-    while let Ok(Ok(c)) = tokio::time::timeout(Duration::from_millis(200), store.pool().acquire()).await {
-        connections.push(c);
-    }
+    let (writers, connections) = take_every_connection(&store).await;
     let claimed = tokio::time::timeout(BOUND, engine.recover_once()).await.expect("the scan returned");
     assert_eq!(claimed.expect("the scan ran while the pool was taken"), 1);
     drop((writers, connections));
