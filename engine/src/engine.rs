@@ -72,6 +72,9 @@ pub struct Handle<S: Store> {
     engine: Engine<S>,
     workflow_id: String,
     attached: bool,
+    /// Attached to a run this process was driving when the start came: its outcome is that run's end, after
+    /// the start.
+    joined: bool,
     /// For a run this start spawned: its waiters' registration, made before the run could end, so that
     /// [`Handle::wait`] hears its outcome even when it ended first (no read of the workflow).
     early: std::sync::Mutex<Option<Subscription<S>>>,
@@ -86,6 +89,12 @@ impl<S: Store> Handle<S> {
     /// Whether this start found the workflow already recorded with the same input, and attached to it.
     pub fn attached(&self) -> bool {
         self.attached
+    }
+
+    /// Whether this start attached to a run this process was driving at the time, so that the outcome
+    /// [`Handle::wait`] hears is that run's end, which came no earlier than this start.
+    pub fn joined_running(&self) -> bool {
+        self.joined
     }
 
     /// Waits up to `timeout` for the workflow to end; `None` if it is still running then.
@@ -128,7 +137,8 @@ impl<S: Store> Engine<S> {
         let run = {
             let mut running = self.core.running();
             if let Some(driven) = running.get(workflow_id) {
-                return self.attach_if_same(workflow_id, driven.input_hash == hash);
+                let handle = self.attach_if_same(workflow_id, driven.input_hash == hash)?;
+                return Ok(Handle { joined: true, ..handle });
             }
             Core::<S>::drive_here(&mut running, &self.core.next_run, workflow_id, &hash)
         };
@@ -176,6 +186,7 @@ impl<S: Store> Engine<S> {
             engine: self.clone(),
             workflow_id: workflow_id.to_owned(),
             attached,
+            joined: false,
             early: std::sync::Mutex::new(early),
         }
     }

@@ -191,15 +191,17 @@ impl<S: PaymentStore> Payments<S> {
                 | onceflow_engine::Error::NotFound(_)
                 | onceflow_engine::Error::Conflict { .. },
             ) => {}
-            // Attached to a workflow recorded before: a history is kept longer than a response, so the token
-            // decides whether there is still an answer to replay (past the response retention there is not).
-            Ok(response) if response.replayed => {
+            // Attached to a workflow recorded before, perhaps ended long ago: a history is kept longer than a
+            // response, so the token decides whether there is still an answer to replay (past the response
+            // retention there is not). Not so for a run this process was driving when the request came (a storm
+            // of repeats): it ended after the request, so no retention can have passed since.
+            Ok((response, joined)) if response.replayed && !joined => {
                 return Ok(match self.store().token_and_order(token, tenant, request.order_no()).await? {
                     Some(_) => response,
                     None => not_found(),
                 });
             }
-            other => return Ok(other?),
+            other => return Ok(other?.0),
         }
         let Some((stored, order_exists)) = self.store().token_and_order(token, tenant, request.order_no()).await?
         else {
@@ -235,7 +237,7 @@ impl<S: PaymentStore> Payments<S> {
             return Ok(PayResponse::problem(404, "order_not_found", "Order not found", &detail));
         }
         match self.run(&input, wait, stored.state != TokenState::Issued).await {
-            Ok(response) => Ok(response),
+            Ok((response, _)) => Ok(response),
             // The tenant's token, whose workflow runs another request.
             Err(onceflow_engine::Error::Conflict { .. }) => Ok(mismatch()),
             // The token expired or was taken between the check and the first commit: nothing was stored.
@@ -244,10 +246,16 @@ impl<S: PaymentStore> Payments<S> {
         }
     }
 
-    /// Starts (or attaches to) the payment workflow of `input` and answers from its outcome; a workflow of
-    /// the token with another request is [`onceflow_engine::Error::Conflict`]. `replayed`: the token was already
-    /// in use before this request.
-    async fn run(&self, input: &PaymentInput, wait: Duration, replayed: bool) -> onceflow_engine::Result<PayResponse> {
+    /// Starts (or attaches to) the payment workflow of `input` and answers from its outcome, and whether it
+    /// joined a run this process was driving ([`onceflow_engine::Handle::joined_running`]); a workflow of the
+    /// token with another request is [`onceflow_engine::Error::Conflict`]. `replayed`: the token was already in
+    /// use before this request.
+    async fn run(
+        &self,
+        input: &PaymentInput,
+        wait: Duration,
+        replayed: bool,
+    ) -> onceflow_engine::Result<(PayResponse, bool)> {
         let workflow_id = payment_workflow_id(&input.token);
         let handle = self.engine.start::<PaymentSaga>(&workflow_id, input).await?;
         let replayed = replayed || handle.attached();
@@ -270,7 +278,7 @@ impl<S: PaymentStore> Payments<S> {
         };
         let (request_no, status) = (&input.request_no, response.status);
         tracing::info!(%workflow_id, %request_no, status, replayed, "payment answered");
-        Ok(response)
+        Ok((response, handle.joined_running()))
     }
 }
 
