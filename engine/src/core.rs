@@ -19,8 +19,15 @@ use crate::store::Store;
 /// id was recorded by another start first.
 pub(crate) type StartSignal = oneshot::Sender<Result<bool>>;
 
-/// What a waiter hears: `Some(outcome)` from this process, `None` for "ended elsewhere, read it".
-pub(crate) type Heard = Option<Option<Arc<Outcome>>>;
+/// How a run of this process ended: its outcome, and the input hash of the workflow it drove.
+pub(crate) struct Ended {
+    pub(crate) outcome: Outcome,
+    pub(crate) input_hash: String,
+}
+
+/// What a waiter hears: `Some(ended)` from a run of this process, `None` for "stopped without an outcome (or
+/// ended elsewhere): read it".
+pub(crate) type Heard = Option<Option<Arc<Ended>>>;
 
 /// The waiters of one workflow, woken together when it ends.
 pub(crate) struct Waiters {
@@ -128,10 +135,10 @@ impl<S: Store> Core<S> {
     }
 
     /// Wakes the waiters of `workflow_id` (only them).
-    pub(crate) fn announce(&self, workflow_id: &str, outcome: Option<Arc<Outcome>>) {
+    pub(crate) fn announce(&self, workflow_id: &str, ended: Option<Arc<Ended>>) {
         let waiters = self.waiters.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(w) = waiters.get(workflow_id) {
-            w.tx.send_replace(Some(outcome));
+            w.tx.send_replace(Some(ended));
         }
     }
 

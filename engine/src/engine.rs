@@ -4,15 +4,16 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 
 use crate::clock::{Clock, SystemClock};
 use crate::config::EngineConfig;
-use crate::core::{Core, Subscription, millis};
+use crate::core::{Core, Heard, Subscription, millis};
 use crate::error::{Error, Result};
 use crate::outcome::Outcome;
 use crate::run::drive;
@@ -71,10 +72,12 @@ impl<S: Store> Clone for Engine<S> {
 pub struct Handle<S: Store> {
     engine: Engine<S>,
     workflow_id: String,
+    /// The input hash of this start: the workflow whose outcome [`Handle::wait`] answers must have it.
+    input_hash: String,
     attached: bool,
-    /// Attached to a run this process was driving when the start came: its outcome is that run's end, after
-    /// the start.
-    joined: bool,
+    /// Whether the outcome the last [`Handle::wait`] returned was announced by a run of this process (which
+    /// ended after this start) rather than read from the workflow.
+    heard_here: AtomicBool,
     /// For a run this start spawned: its waiters' registration, made before the run could end, so that
     /// [`Handle::wait`] hears its outcome even when it ended first (no read of the workflow).
     early: std::sync::Mutex<Option<Subscription<S>>>,
@@ -91,17 +94,25 @@ impl<S: Store> Handle<S> {
         self.attached
     }
 
-    /// Whether this start attached to a run this process was driving at the time, so that the outcome
-    /// [`Handle::wait`] hears is that run's end, which came no earlier than this start.
-    pub fn joined_running(&self) -> bool {
-        self.joined
+    /// Whether the outcome the last [`Handle::wait`] returned was announced by a run of this process, so that
+    /// the workflow ended after this start; `false` when it was read from the workflow, which may have ended
+    /// long before.
+    pub fn ended_after_start(&self) -> bool {
+        self.heard_here.load(Ordering::Relaxed)
     }
 
-    /// Waits up to `timeout` for the workflow to end; `None` if it is still running then.
+    /// Waits up to `timeout` for the workflow to end; `None` if it is still running then. When the workflow
+    /// recorded under the id has another input than this start's ([`Error::Conflict`]): a start can attach to a
+    /// run of its own input that this process was driving, and that run be refused or lose the id to another
+    /// start, and the outcome of that workflow is not this start's.
     pub async fn wait(&self, timeout: Duration) -> Result<Option<Outcome>> {
         let early = self.early.lock().map(|mut early| early.take()).unwrap_or(None);
         let subscription = early.unwrap_or_else(|| self.engine.core.subscribe(&self.workflow_id));
-        self.engine.wait_on(&self.workflow_id, timeout, subscription).await
+        let ended = self.engine.wait_on(&self.workflow_id, timeout, subscription, Some(&self.input_hash)).await?;
+        Ok(ended.map(|(outcome, announced)| {
+            self.heard_here.store(announced, Ordering::Relaxed);
+            outcome
+        }))
     }
 }
 
@@ -137,8 +148,7 @@ impl<S: Store> Engine<S> {
         let run = {
             let mut running = self.core.running();
             if let Some(driven) = running.get(workflow_id) {
-                let handle = self.attach_if_same(workflow_id, driven.input_hash == hash)?;
-                return Ok(Handle { joined: true, ..handle });
+                return self.attach_if_same(workflow_id, &hash, driven.input_hash == hash);
             }
             Core::<S>::drive_here(&mut running, &self.core.next_run, workflow_id, &hash)
         };
@@ -164,29 +174,30 @@ impl<S: Store> Engine<S> {
         let early = self.core.subscribe(workflow_id);
         tokio::spawn(drive(self.core.clone(), wf, record, run, true, Some(tx)));
         match rx.await {
-            Ok(Ok(true)) => Ok(self.handle(workflow_id, false, Some(early))),
+            Ok(Ok(true)) => Ok(self.handle(workflow_id, &hash, false, Some(early))),
             Ok(Err(e)) => Err(e),
             Ok(Ok(false)) | Err(_) => match self.core.store.workflow(workflow_id).await? {
-                Some(existing) => self.attach_if_same(workflow_id, existing.input_hash == hash),
+                Some(existing) => self.attach_if_same(workflow_id, &hash, existing.input_hash == hash),
                 None => Err(Error::ShuttingDown),
             },
         }
     }
 
-    fn attach_if_same(&self, workflow_id: &str, same: bool) -> Result<Handle<S>> {
+    fn attach_if_same(&self, workflow_id: &str, hash: &str, same: bool) -> Result<Handle<S>> {
         if same {
-            Ok(self.handle(workflow_id, true, None))
+            Ok(self.handle(workflow_id, hash, true, None))
         } else {
             Err(Error::Conflict { workflow_id: workflow_id.to_owned() })
         }
     }
 
-    fn handle(&self, workflow_id: &str, attached: bool, early: Option<Subscription<S>>) -> Handle<S> {
+    fn handle(&self, workflow_id: &str, hash: &str, attached: bool, early: Option<Subscription<S>>) -> Handle<S> {
         Handle {
             engine: self.clone(),
             workflow_id: workflow_id.to_owned(),
+            input_hash: hash.to_owned(),
             attached,
-            joined: false,
+            heard_here: AtomicBool::new(false),
             early: std::sync::Mutex::new(early),
         }
     }
@@ -194,24 +205,28 @@ impl<S: Store> Engine<S> {
     /// Waits up to `timeout` for workflow `workflow_id` to end, whichever process runs it: by in-process
     /// notification, Postgres `NOTIFY` from other processes, and polling as the source of truth.
     pub async fn wait(&self, workflow_id: &str, timeout: Duration) -> Result<Option<Outcome>> {
-        self.wait_on(workflow_id, timeout, self.core.subscribe(workflow_id)).await
+        let ended = self.wait_on(workflow_id, timeout, self.core.subscribe(workflow_id), None).await?;
+        Ok(ended.map(|(outcome, _)| outcome))
     }
 
-    /// [`Engine::wait`] with `subscription`, which may have heard the outcome already.
+    /// [`Engine::wait`] with `subscription`, which may have heard the outcome already, and whether the outcome
+    /// was announced by a run of this process (rather than read). With `expect`, only a workflow of that input
+    /// hash answers: another one recorded under the id is [`Error::Conflict`].
     async fn wait_on(
         &self,
         workflow_id: &str,
         timeout: Duration,
         mut subscription: Subscription<S>,
-    ) -> Result<Option<Outcome>> {
+        expect: Option<&str>,
+    ) -> Result<Option<(Outcome, bool)>> {
         let deadline = Instant::now() + timeout;
         let mut asked_remote = false;
         loop {
             // Announced since the subscription (by a run of this process): no need to read it.
             if subscription.rx.has_changed().unwrap_or(false)
-                && let Some(Some(outcome)) = subscription.rx.borrow_and_update().clone()
+                && let Some(outcome) = heard(&mut subscription.rx, expect)
             {
-                return Ok(Some((*outcome).clone()));
+                return Ok(Some((outcome, true)));
             }
             let here = self.core.running().contains_key(workflow_id);
             if !here {
@@ -225,8 +240,11 @@ impl<S: Store> Engine<S> {
                     }
                 }
                 let record = record.ok_or_else(|| Error::NotFound(workflow_id.to_owned()))?;
+                if expect.is_some_and(|hash| hash != record.input_hash) {
+                    return Err(Error::Conflict { workflow_id: workflow_id.to_owned() });
+                }
                 if let Some(outcome) = Outcome::from_record(&record) {
-                    return Ok(Some(outcome));
+                    return Ok(Some((outcome, false)));
                 }
             }
             let now = Instant::now();
@@ -234,13 +252,22 @@ impl<S: Store> Engine<S> {
                 return Ok(None);
             }
             let slice = (deadline - now).min(self.core.config.poll_interval);
-            let heard = tokio::time::timeout(slice, subscription.rx.changed()).await;
-            if let Ok(Ok(())) = heard
-                && let Some(Some(outcome)) = subscription.rx.borrow_and_update().clone()
+            let changed = tokio::time::timeout(slice, subscription.rx.changed()).await;
+            if let Ok(Ok(())) = changed
+                && let Some(outcome) = heard(&mut subscription.rx, expect)
             {
-                return Ok(Some((*outcome).clone()));
+                return Ok(Some((outcome, true)));
             }
         }
+    }
+}
+
+/// The outcome a run of this process announced, unless it stopped without one or drove a workflow of another
+/// input hash than `expect` (then the workflow is read).
+fn heard(rx: &mut watch::Receiver<Heard>, expect: Option<&str>) -> Option<Outcome> {
+    match rx.borrow_and_update().as_ref() {
+        Some(Some(ended)) if expect.is_none_or(|hash| hash == ended.input_hash) => Some(ended.outcome.clone()),
+        _ => None,
     }
 }
 

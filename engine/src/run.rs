@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use crate::context::WorkflowContext;
-use crate::core::{Core, StartSignal};
+use crate::core::{Core, Ended, StartSignal};
 use crate::error::{Error, Failure, Interrupt, TRANSIENT_RETRY_MS, failure_json, is_transient, parse_failure};
 use crate::outcome::Outcome;
 use crate::store::{CompensationStatus, StepStatus, Store, WorkflowRecord, WorkflowState, WorkflowUpdate};
@@ -29,12 +29,12 @@ pub(crate) async fn drive<S: Store>(
     insert: bool,
     started: Option<StartSignal>,
 ) {
-    let workflow_id = record.workflow_id.clone();
-    let mut stopped = Stopped { core, workflow_id, run, returned: false, outcome: None, unrecorded: None };
+    let (workflow_id, input_hash) = (record.workflow_id.clone(), record.input_hash.clone());
+    let mut stopped = Stopped { core, workflow_id, run, returned: false, ended: None, unrecorded: None };
     let outcome =
         drive_until_stopped(&stopped.core, wf.as_ref(), record, insert, started, &mut stopped.unrecorded).await;
     stopped.returned = true;
-    stopped.outcome = outcome.map(Arc::new);
+    stopped.ended = outcome.map(|outcome| Arc::new(Ended { outcome, input_hash }));
 }
 
 /// The end of a run, however it ends: returned, panicked, or its task dropped. On drop the workflow is no
@@ -46,8 +46,9 @@ struct Stopped<S: Store> {
     run: u64,
     /// Whether the run returned (else it panicked, or its task was dropped).
     returned: bool,
-    /// The run's outcome; `None` (also after a panic) sends waiters to the database.
-    outcome: Option<Arc<Outcome>>,
+    /// The run's outcome, with the input hash of the workflow it drove; `None` (also after a panic) sends
+    /// waiters to the database.
+    ended: Option<Arc<Ended>>,
     unrecorded: Unrecorded,
 }
 
@@ -65,7 +66,7 @@ impl<S: Store> Drop for Stopped<S> {
         }
         // Without an outcome, waiters that attached in this process look at the database again (a refused
         // start left no workflow there; a panicked run left it to be resumed).
-        self.core.announce(&self.workflow_id, self.outcome.take());
+        self.core.announce(&self.workflow_id, self.ended.take());
     }
 }
 

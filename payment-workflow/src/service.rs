@@ -193,9 +193,9 @@ impl<S: PaymentStore> Payments<S> {
             ) => {}
             // Attached to a workflow recorded before, perhaps ended long ago: a history is kept longer than a
             // response, so the token decides whether there is still an answer to replay (past the response
-            // retention there is not). Not so for a run this process was driving when the request came (a storm
-            // of repeats): it ended after the request, so no retention can have passed since.
-            Ok((response, joined)) if response.replayed && !joined => {
+            // retention there is not). Not so for an outcome announced by a run of this process (a storm of
+            // repeats that joined the run): it ended after the request, so no retention can have passed since.
+            Ok((response, ended_after_start)) if response.replayed && !ended_after_start => {
                 return Ok(match self.store().token_and_order(token, tenant, request.order_no()).await? {
                     Some(_) => response,
                     None => not_found(),
@@ -246,8 +246,8 @@ impl<S: PaymentStore> Payments<S> {
         }
     }
 
-    /// Starts (or attaches to) the payment workflow of `input` and answers from its outcome, and whether it
-    /// joined a run this process was driving ([`onceflow_engine::Handle::joined_running`]); a workflow of the
+    /// Starts (or attaches to) the payment workflow of `input` and answers from its outcome, and whether that
+    /// outcome came after the start ([`onceflow_engine::Handle::ended_after_start`]); a workflow of the
     /// token with another request is [`onceflow_engine::Error::Conflict`]. `replayed`: the token was already in
     /// use before this request.
     async fn run(
@@ -278,7 +278,7 @@ impl<S: PaymentStore> Payments<S> {
         };
         let (request_no, status) = (&input.request_no, response.status);
         tracing::info!(%workflow_id, %request_no, status, replayed, "payment answered");
-        Ok((response, handle.joined_running()))
+        Ok((response, handle.ended_after_start()))
     }
 }
 

@@ -213,6 +213,35 @@ async fn a_decline_releases_the_order_and_is_replayed<S: TestDb + PaymentStore>(
     assert_eq!(declining.ledger().kept_charges("O-6"), 0);
 }
 
+/// Storms under a used token of requests it was not used for: every one is refused, none is answered with the
+/// payment the token paid. The first of each storm starts a run that the token refuses; the others join that
+/// run in this process before it stops, so they must still be held to the workflow the token recorded.
+async fn a_storm_of_other_requests_under_a_used_token_is_refused<S: TestDb + PaymentStore>(store: S) {
+    let channel = MockChannel::reliable();
+    let p = payments(store.clone(), Arc::new(channel.clone()));
+    p.create_order(T, &order_no("O-7"), 1000, &cny()).await.unwrap();
+    let token = p.issue_token(T).await.unwrap().token;
+    let paid = p.pay(T, &token, ROUTE, &request("O-7", 1000), WAIT).await.unwrap();
+    assert_eq!(paid.status, 201, "{}", paid.body);
+    let storm = |tenant: &'static str, amount: i64| {
+        let (p, token) = (&p, &token);
+        futures_util::future::join_all(
+            (0..100).map(move |_| async move { p.pay(tenant, token, ROUTE, &request("O-7", amount), WAIT).await }),
+        )
+    };
+    for r in storm(T, 999).await {
+        let r = r.unwrap();
+        assert_eq!((r.status, json(&r.body)["code"].as_str()), (422, Some("idempotency_key_mismatch")), "{}", r.body);
+    }
+    // Another tenant presenting the token: it is not theirs, and the payment it made is not shown to them.
+    for r in storm("other-tenant", 1000).await {
+        let r = r.unwrap();
+        assert_eq!((r.status, json(&r.body)["code"].as_str()), (404, Some("token_not_found")), "{}", r.body);
+    }
+    assert_eq!(channel.ledger().charges.len(), 1);
+    assert_invariants(&store, &channel).await;
+}
+
 on_every_backend!(
     two_hundred_requests_one_token_one_charge,
     fifty_tokens_one_order_one_charge,
@@ -220,4 +249,5 @@ on_every_backend!(
     every_channel_fault_ends_in_one_charge,
     a_channel_that_times_out_after_charging,
     a_decline_releases_the_order_and_is_replayed,
+    a_storm_of_other_requests_under_a_used_token_is_refused,
 );

@@ -348,11 +348,32 @@ async fn a_payment_stopped_by_a_step_mismatch_waits_for_its_operator<S: TestDb +
     assert_eq!(p.retention_pass(false).await.unwrap().unwrap().workflows, 1);
 }
 
+/// A storm of repeats after the response retention, while the history is still kept: every one is
+/// `404 token_not_found`. The first starts a run that the deleted token refuses; the others join that run in
+/// this process before it stops, and must not take the kept workflow's old answer for theirs.
+async fn a_storm_of_replays_after_the_response_retention_is_not_found<S: TestDb + PaymentStore>(store: S) {
+    let clock = ManualClock::new(T0);
+    let p = service(store.clone(), &clock, MockChannel::reliable(), staggered());
+    p.create_order(T, &order_no("O-1"), 1000, &cny()).await.unwrap();
+    let token = p.issue_token(T).await.unwrap().token;
+    let first = p.pay(T, &token, ROUTE, &request("O-1"), WAIT).await.unwrap();
+    assert_eq!(first.status, 201, "{}", first.body);
+    pass_at(&p, &clock, T0 + 2 * HOUR, report(0, 1, 0, 0), "the response retention").await;
+    assert!(store.workflow(&payment_workflow_id(&token)).await.unwrap().is_some(), "the history is kept");
+    let req = request("O-1");
+    let storm = (0..100).map(|_| p.pay(T, &token, ROUTE, &req, WAIT));
+    for r in futures_util::future::join_all(storm).await {
+        let r = r.unwrap();
+        assert_eq!((r.status, code(&r.body)), (404, "token_not_found".to_owned()), "{}", r.body);
+    }
+}
+
 on_every_backend!(
     a_payment_stopped_by_a_step_mismatch_waits_for_its_operator,
     finished_histories_go_and_one_waiting_for_an_operator_stays,
     one_pass_at_a_time,
     each_kind_goes_exactly_when_its_retention_has_passed,
     a_replay_outlives_the_history,
+    a_storm_of_replays_after_the_response_retention_is_not_found,
     two_passes_at_once_delete_each_row_once,
 );
