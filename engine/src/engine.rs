@@ -228,21 +228,26 @@ impl<S: Store> Engine<S> {
             {
                 return Ok(Some((outcome, true)));
             }
-            let here = self.core.running().contains_key(workflow_id);
+            // A run here of another input (this process claimed the workflow that another start recorded) is
+            // not one to wait on: the read says whose the id is.
+            let here = self.core.running().get(workflow_id).is_some_and(|d| expect.is_none_or(|h| h == d.input_hash));
             if !here {
                 let mut record = self.core.store.workflow(workflow_id).await?;
+                let conflict = |record: &Option<WorkflowRecord>| {
+                    let other = record.as_ref().is_some_and(|r| expect.is_some_and(|hash| hash != r.input_hash));
+                    if other { Err(Error::Conflict { workflow_id: workflow_id.to_owned() }) } else { Ok(()) }
+                };
+                conflict(&record)?;
                 // Ask the runner elsewhere for a notification only for a workflow still running: a finished one
                 // (every repeat of a finished payment) is answered by the read, without a write.
                 if !asked_remote && record.as_ref().is_some_and(|r| !r.state.is_final()) {
                     asked_remote = self.listen_remote().await;
                     if asked_remote {
                         record = self.core.store.request_notify(workflow_id).await?;
+                        conflict(&record)?;
                     }
                 }
                 let record = record.ok_or_else(|| Error::NotFound(workflow_id.to_owned()))?;
-                if expect.is_some_and(|hash| hash != record.input_hash) {
-                    return Err(Error::Conflict { workflow_id: workflow_id.to_owned() });
-                }
                 if let Some(outcome) = Outcome::from_record(&record) {
                     return Ok(Some((outcome, false)));
                 }

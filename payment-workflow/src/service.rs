@@ -240,8 +240,9 @@ impl<S: PaymentStore> Payments<S> {
             Ok((response, _)) => Ok(response),
             // The tenant's token, whose workflow runs another request.
             Err(onceflow_engine::Error::Conflict { .. }) => Ok(mismatch()),
-            // The token expired or was taken between the check and the first commit: nothing was stored.
-            Err(onceflow_engine::Error::Refused(_)) => Ok(not_found()),
+            // The token expired or was taken between the check and the first commit: nothing was stored (also
+            // when this request joined another's run of the same request, which was refused so).
+            Err(onceflow_engine::Error::Refused(_) | onceflow_engine::Error::NotFound(_)) => Ok(not_found()),
             Err(e) => Err(e.into()),
         }
     }

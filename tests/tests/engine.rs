@@ -298,7 +298,8 @@ async fn a_refusal_before_the_first_commit_records_nothing<S: TestDb>(store: S) 
     assert_eq!(store.workflow("recorded").await.unwrap().unwrap().state, WorkflowState::Failed);
 }
 
-/// A body whose first transactional step waits for `resume` (after telling `reached`), then takes a second.
+/// A body whose first transactional step waits for `resume` (after telling `reached`), then takes a second. Its
+/// input is only there to be hashed (two inputs, two workflows' worth of one id).
 struct Paused {
     reached: Arc<tokio::sync::Notify>,
     resume: Arc<tokio::sync::Notify>,
@@ -306,10 +307,10 @@ struct Paused {
 
 impl<S: TestDb> Workflow<S> for Paused {
     const NAME: &'static str = "paused";
-    type Input = ();
+    type Input = String;
     type Output = ();
 
-    async fn run(&self, ctx: &mut WorkflowContext<S>, (): ()) -> Result<(), Interrupt> {
+    async fn run(&self, ctx: &mut WorkflowContext<S>, _label: String) -> Result<(), Interrupt> {
         let id = ctx.workflow_id().to_owned();
         let (reached, resume) = (self.reached.clone(), self.resume.clone());
         let effect = effect_step::<S>(id.clone(), "first");
@@ -334,7 +335,7 @@ async fn a_shutdown_before_the_first_commit_records_nothing<S: TestDb>(store: S)
         Engine::builder(store.clone()).register(Paused { reached: reached.clone(), resume: resume.clone() }).build();
     let starter = {
         let engine = engine.clone();
-        tokio::spawn(async move { engine.start::<Paused>("paused", &()).await.map(|_| ()) })
+        tokio::spawn(async move { engine.start::<Paused>("paused", &"x".to_owned()).await.map(|_| ()) })
     };
     reached.notified().await;
     let stopping = {
@@ -459,4 +460,48 @@ async fn shutdown_releases_leases_at_once<S: TestDb>(store: S) {
     assert_eq!(store.effects("shutdown").await.unwrap(), ["a", "b", "c"]);
 }
 
+/// A start that joined a run of its input in this process, which then lost the id to a workflow of another input
+/// recorded elsewhere, is that workflow's conflict — also when this process has meanwhile claimed that workflow
+/// and drives it (the waiter must not take the other input's run for its own and wait on it).
+async fn a_joined_start_is_not_held_by_another_inputs_run_here<S: TestDb>(store: S) {
+    let clock = clock();
+    // Another process records `w` with input A, stops in e2 and shuts down: `w` is running, its lease free.
+    let old_hooks = Arc::new(Hooks::default());
+    let old = engine(store.another_pool().await.unwrap(), &clock, &old_hooks);
+    let mut reached_e2 = old_hooks.stop_at("e2").await;
+    old.start::<Steps>("w", &input("A", false)).await.unwrap();
+    reached_e2.recv().await.unwrap();
+    old.shutdown(Duration::from_millis(100)).await.unwrap();
+    // Here: a start of `w` with another input runs until inside its first phase; a second start joins it.
+    let (reached, resume) = (Arc::new(tokio::sync::Notify::new()), Arc::new(tokio::sync::Notify::new()));
+    let hooks = Arc::new(Hooks::default());
+    let here = Engine::builder(store.clone())
+        .register(Steps { hooks: hooks.clone() })
+        .register(Paused { reached: reached.clone(), resume: resume.clone() })
+        .clock(clock.clone())
+        .build();
+    let first = {
+        let here = here.clone();
+        tokio::spawn(async move { here.start::<Paused>("w", &"B".to_owned()).await.map(|_| ()) })
+    };
+    reached.notified().await;
+    let joined = here.start::<Paused>("w", &"B".to_owned()).await.unwrap();
+    // This process claims `w` (input A) and drives it, held in e2; then the first start's run loses the id.
+    let mut held = hooks.stop_at("e2").await;
+    assert_eq!(here.recover_once().await.unwrap(), 1);
+    held.recv().await.unwrap();
+    resume.notify_one();
+    assert!(matches!(first.await.unwrap(), Err(Error::Conflict { .. })));
+    let waited = joined.wait(Duration::from_secs(2)).await;
+    assert!(matches!(waited, Err(Error::Conflict { .. })), "{waited:?}");
+    hooks.resume.notify_one();
+    assert!(matches!(here.wait("w", WAIT).await.unwrap(), Some(Outcome::Completed(_))));
+}
+
 on_every_backend!(shutdown_releases_leases_at_once);
+
+// Not on SQLite: its one writer is held by the first start's open phase, so nothing claims a workflow meanwhile.
+mod a_joined_start_is_not_held_by_another_inputs_run_here {
+    onceflow_tests::backend_test!(postgres, a_joined_start_is_not_held_by_another_inputs_run_here);
+    onceflow_tests::backend_test!(mysql, a_joined_start_is_not_held_by_another_inputs_run_here);
+}
