@@ -240,9 +240,17 @@ impl<S: PaymentStore> Payments<S> {
             Ok((response, _)) => Ok(response),
             // The tenant's token, whose workflow runs another request.
             Err(onceflow_engine::Error::Conflict { .. }) => Ok(mismatch()),
-            // The token expired or was taken between the check and the first commit: nothing was stored (also
-            // when this request joined another's run of the same request, which was refused so).
-            Err(onceflow_engine::Error::Refused(_) | onceflow_engine::Error::NotFound(_)) => Ok(not_found()),
+            // The token expired or was taken between the check and the first commit: nothing was stored.
+            Err(onceflow_engine::Error::Refused(_)) => Ok(not_found()),
+            // This request joined another's run of the same request, which stopped with nothing recorded: refused
+            // like that (the token expired meanwhile), or stopped by a shutdown or a failing database, when the
+            // token is still good and the request may be made again (503).
+            Err(e @ onceflow_engine::Error::NotFound(_)) => {
+                match self.store().token_and_order(token, tenant, request.order_no()).await? {
+                    Some((t, _)) if t.state != TokenState::Issued || t.expires_at > self.now() => Err(e.into()),
+                    _ => Ok(not_found()),
+                }
+            }
             Err(e) => Err(e.into()),
         }
     }
