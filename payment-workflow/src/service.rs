@@ -103,6 +103,11 @@ impl<S: PaymentStore> Payments<S> {
         millis(self.retention.token_ttl)
     }
 
+    /// Whether `token` was never used and has expired: as good as gone (a pass deletes it).
+    fn expired_unused(&self, token: &TokenRecord) -> bool {
+        token.state == TokenState::Issued && token.expires_at <= self.now()
+    }
+
     fn store(&self) -> &S {
         self.engine.store()
     }
@@ -228,7 +233,7 @@ impl<S: PaymentStore> Payments<S> {
             TokenState::InUse if !bound(&stored.fingerprint, &stored.route) => {
                 return Ok(mismatch());
             }
-            TokenState::Issued if stored.expires_at <= self.now() => return Ok(not_found()),
+            _ if self.expired_unused(&stored) => return Ok(not_found()),
             _ => {}
         }
         // The order must exist before anything is bound to the token: an unknown order is not stored.
@@ -247,7 +252,7 @@ impl<S: PaymentStore> Payments<S> {
             // token is still good and the request may be made again (503).
             Err(e @ onceflow_engine::Error::NotFound(_)) => {
                 match self.store().token_and_order(token, tenant, request.order_no()).await? {
-                    Some((t, _)) if t.state != TokenState::Issued || t.expires_at > self.now() => Err(e.into()),
+                    Some((t, _)) if !self.expired_unused(&t) => Err(e.into()),
                     _ => Ok(not_found()),
                 }
             }

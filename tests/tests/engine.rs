@@ -441,15 +441,27 @@ async fn a_waiter_elsewhere_is_notified_on_postgres() {
     assert!(started.elapsed() < Duration::from_secs(10), "woken by NOTIFY, not by the 60 s poll");
 }
 
+/// Another process (a pool of its own) starts `steps` as `id` with input `label`, is stopped in e2 and shuts
+/// down: e2 never returns, the grace runs out and the lease is released anyway. `id` is left running, its lease
+/// free; returns that process's engine.
+async fn left_running_by_a_stopped_process<S: TestDb>(
+    store: &S,
+    clock: &ManualClock,
+    id: &str,
+    label: &str,
+) -> Engine<S> {
+    let hooks = Arc::new(Hooks::default());
+    let old = engine(store.another_pool().await.unwrap(), clock, &hooks);
+    let mut reached = hooks.stop_at("e2").await;
+    old.start::<Steps>(id, &input(label, false)).await.unwrap();
+    reached.recv().await.unwrap();
+    old.shutdown(Duration::from_millis(100)).await.unwrap();
+    old
+}
+
 async fn shutdown_releases_leases_at_once<S: TestDb>(store: S) {
     let clock = clock();
-    let hooks = Arc::new(Hooks::default());
-    let old = engine(store.another_pool().await.unwrap(), &clock, &hooks);
-    let mut reached = hooks.stop_at("e2").await;
-    old.start::<Steps>("shutdown", &input("x", false)).await.unwrap();
-    reached.recv().await.unwrap();
-    // e2 never returns here: the grace runs out and the lease is released anyway.
-    old.shutdown(Duration::from_millis(100)).await.unwrap();
+    let old = left_running_by_a_stopped_process(&store, &clock, "shutdown", "x").await;
     let row = store.workflow("shutdown").await.unwrap().unwrap();
     assert_eq!((row.state, row.lease_owner.as_deref()), (WorkflowState::Running, None));
     assert!(matches!(old.start::<Steps>("other", &input("x", false)).await, Err(Error::ShuttingDown)));
@@ -466,12 +478,7 @@ async fn shutdown_releases_leases_at_once<S: TestDb>(store: S) {
 async fn a_joined_start_is_not_held_by_another_inputs_run_here<S: TestDb>(store: S) {
     let clock = clock();
     // Another process records `w` with input A, stops in e2 and shuts down: `w` is running, its lease free.
-    let old_hooks = Arc::new(Hooks::default());
-    let old = engine(store.another_pool().await.unwrap(), &clock, &old_hooks);
-    let mut reached_e2 = old_hooks.stop_at("e2").await;
-    old.start::<Steps>("w", &input("A", false)).await.unwrap();
-    reached_e2.recv().await.unwrap();
-    old.shutdown(Duration::from_millis(100)).await.unwrap();
+    left_running_by_a_stopped_process(&store, &clock, "w", "A").await;
     // Here: a start of `w` with another input runs until inside its first phase; a second start joins it.
     let (reached, resume) = (Arc::new(tokio::sync::Notify::new()), Arc::new(tokio::sync::Notify::new()));
     let hooks = Arc::new(Hooks::default());
