@@ -29,9 +29,10 @@ mod channel;
 mod error;
 mod invariants;
 mod model;
+mod payments;
 mod retention;
-mod saga;
 mod service;
+mod settings;
 mod store;
 
 pub use channel::{
@@ -41,11 +42,12 @@ pub use channel::{
 pub use error::{Error, Result};
 pub use invariants::{Violation, check_invariants};
 pub use model::{
-    Currency, InvalidField, KEY_PATTERN, Order, OrderNo, OrderStatus, PaymentBody, PaymentRecord, PaymentRequest,
-    PaymentStatus, Problem, RequestNo, StoredResponse, TOKEN_PATTERN, Token, TokenRecord, TokenState, positive_amount,
-    problem,
+    Currency, InvalidField, KEY_PATTERN, Order, OrderNo, OrderStatus, PaymentBody, PaymentInput, PaymentRecord,
+    PaymentRequest, PaymentStatus, Problem, RequestNo, StoredResponse, TOKEN_PATTERN, Token, TokenRecord, TokenState,
+    payment_workflow_id, positive_amount, problem,
 };
-pub use retention::{BATCH as RETENTION_BATCH, PassReport, Retention};
-pub use saga::{PaymentInput, PaymentSaga};
-pub use service::{COMMAND_ROUTE, IssuedToken, PayResponse, Payments, TOKEN_TTL_MS, payment_workflow_id};
+pub use payments::PaymentSaga;
+pub use retention::{BATCH as RETENTION_BATCH, PassReport};
+pub use service::{COMMAND_ROUTE, IssuedToken, PayResponse, Payments, TOKEN_TTL_MS};
+pub use settings::Retention;
 pub use store::{PassLock, PaymentStore, Reserve, ReserveSteps, TokenKind};

@@ -12,33 +12,11 @@ use std::time::Duration;
 
 use crate::error::Result;
 use crate::service::Payments;
+use crate::settings::millis;
 use crate::store::{PaymentStore, TokenKind};
 
 /// Rows per batch: each batch is one short transaction.
 pub const BATCH: i64 = 500;
-
-/// How long what is kept, is kept (`contracts/cli.md`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Retention {
-    /// An unused token expires this long after it was issued (`--token-ttl`, 24 h).
-    pub token_ttl: Duration,
-    /// A used token and its stored response are kept this long after the payment ended
-    /// (`--response-retention`, 7 d).
-    pub response_retention: Duration,
-    /// A finished workflow and its steps are kept this long after it ended (`--history-retention`, 30 d).
-    pub history_retention: Duration,
-}
-
-impl Default for Retention {
-    fn default() -> Self {
-        const DAY: u64 = 24 * 60 * 60;
-        Self {
-            token_ttl: Duration::from_secs(DAY),
-            response_retention: Duration::from_secs(7 * DAY),
-            history_retention: Duration::from_secs(30 * DAY),
-        }
-    }
-}
 
 /// What one pass deleted, or with `dry_run` would delete, per kind of row.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
@@ -66,11 +44,6 @@ impl PassReport {
             ("steps", self.steps),
         ]
     }
-}
-
-/// `d` in milliseconds.
-pub(crate) fn millis(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
 fn deleted(kind: &'static str, rows: u64) {

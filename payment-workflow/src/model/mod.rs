@@ -6,12 +6,14 @@ use sha2::{Digest, Sha256};
 
 mod answer;
 mod ids;
+mod input;
 mod status;
 
 pub(crate) use ids::stored;
 
 pub use answer::{PaymentBody, Problem, StoredResponse, problem};
 pub use ids::{Currency, InvalidField, KEY_PATTERN, OrderNo, RequestNo, TOKEN_PATTERN, Token, positive_amount};
+pub use input::{PaymentInput, payment_workflow_id};
 pub use status::{OrderStatus, PaymentStatus, TokenState};
 
 /// An order as stored.
@@ -153,7 +155,7 @@ impl PaymentRecord {
     /// This payment as `GET /v1/payments/{request_no}` shows it: its body, why the channel declined it, and the
     /// workflow that runs it.
     pub fn view(&self) -> PaymentBody {
-        let workflow_id = Some(crate::service::payment_workflow_id(&self.token));
+        let workflow_id = Some(payment_workflow_id(&self.token));
         PaymentBody { decline_code: self.decline_code.clone(), workflow_id, ..self.body() }
     }
 

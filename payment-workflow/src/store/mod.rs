@@ -6,10 +6,10 @@ use std::future::Future;
 
 use onceflow_engine::{BoxFuture, Conn, Failure, Interrupt, StepError, StepSpec, Store, WorkflowContext};
 
+use crate::model::PaymentInput;
 use crate::model::{
     Currency, Order, OrderNo, OrderStatus, PaymentRecord, PaymentStatus, RequestNo, StoredResponse, Token, TokenRecord,
 };
-use crate::saga::PaymentInput;
 
 mod lock;
 mod mysql;

@@ -9,11 +9,11 @@ use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, Type};
 
 use super::statement::{self, PhaseDialect};
 use super::{PassLock, PaymentStore, Reserve, ReserveSteps, Sql, TokenCheck, TokenKind, engine_error};
+use crate::model::PaymentInput;
 use crate::model::{
     Currency, Order, OrderNo, OrderStatus, PaymentRecord, PaymentStatus, RequestNo, StoredResponse, Token, TokenRecord,
     TokenState,
 };
-use crate::saga::PaymentInput;
 
 /// A store whose database runs the standard payment SQL of this file (Postgres, SQLite).
 pub trait StandardSql: Store {

@@ -9,8 +9,8 @@ use onceflow_engine::store::SQLITE_PHASE_FLAGS;
 use onceflow_engine::{Failure, Interrupt, Store, WorkflowContext};
 
 use super::{Reserve, ReserveSteps};
+use crate::model::PaymentInput;
 use crate::model::StoredResponse;
-use crate::saga::PaymentInput;
 
 /// Runs phase 1 (see [`super::PaymentStore::reserve`]) as one statement phase in dialect `d`.
 pub(super) async fn run_reserve<S: Store>(

@@ -5,10 +5,10 @@
 use onceflow_engine::{Conn, Failure, Interrupt, MySqlStore, StepSpec, Store, WorkflowContext};
 
 use super::{PassLock, PaymentStore, Reserve, ReserveSteps, Sql, TokenCheck, TokenKind};
+use crate::model::PaymentInput;
 use crate::model::{
     Order, OrderNo, OrderStatus, PaymentRecord, PaymentStatus, RequestNo, StoredResponse, Token, TokenRecord,
 };
-use crate::saga::PaymentInput;
 
 mod steps;
 

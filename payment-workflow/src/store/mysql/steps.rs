@@ -7,8 +7,8 @@ use onceflow_engine::{BoxFuture, Failure, Interrupt, MySqlStore, StepError, Step
 use sqlx::MySqlConnection;
 
 use super::inserted;
+use crate::model::PaymentInput;
 use crate::model::{Currency, OrderNo, OrderStatus, PaymentStatus, RequestNo, StoredResponse, Token};
-use crate::saga::PaymentInput;
 use crate::store::{Reserve, ReserveSteps};
 
 /// Phase 1 (see [`crate::PaymentStore::reserve`]): three closure steps in one transaction. A token that cannot

@@ -1,7 +1,6 @@
-//! The payment saga: `claim_token`, `insert_record`, `reserve_status` (one atomic phase), `call_channel`
-//! (external), `confirm`; with the compensations DESIGN.md lists. How a backend runs each phase is its store's
-//! business ([`PaymentStore::reserve`], [`PaymentStore::confirm`]); the channel call and what its answers mean
-//! are in `charge.rs`.
+//! The payment workflow: its steps and compensations. How a backend runs each phase is its store's business
+//! ([`PaymentStore::reserve`], [`PaymentStore::confirm`]); the channel call and what its answers mean are in
+//! `charge.rs`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,11 +10,8 @@ use crate::model::{OrderStatus, PaymentStatus, Problem, StoredResponse};
 use crate::store::{PaymentStore, Reserve, ReserveSteps};
 use onceflow_engine::{BoxFuture, Compensation, Failure, Interrupt, RetryPolicy, Workflow, WorkflowContext, step};
 
-mod charge;
-mod input;
-
-use charge::{ChargeOutcome, charge, undo_charge};
-pub use input::PaymentInput;
+use super::charge::{ChargeOutcome, charge, undo_charge};
+use crate::model::PaymentInput;
 
 /// The payment workflow type.
 pub struct PaymentSaga {

@@ -6,8 +6,8 @@ use onceflow_engine::{Attempt, Interrupt, Previous, StepError};
 use serde::{Deserialize, Serialize};
 
 use crate::channel::{Channel, ChannelError, Charge, ChargeRequest, ChargeStatus, Closed, RefundRequest, RefundStatus};
+use crate::model::PaymentInput;
 use crate::model::Problem;
-use crate::saga::PaymentInput;
 
 /// What the channel step ended with (a decline is an answer, not an error of the step).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -1,10 +1,15 @@
-//! What a payment workflow is started with, and what follows from it alone: the body of its success, its
-//! charge request, its refund number.
+//! What a payment workflow is started with, and what follows from it alone: its workflow's id, the body of its
+//! success, its charge request, its refund number.
 
 use serde::{Deserialize, Serialize};
 
+use super::{Currency, OrderNo, PaymentBody, PaymentStatus, RequestNo, Token, hex_sha256, stored};
 use crate::channel::ChargeRequest;
-use crate::model::{Currency, OrderNo, PaymentBody, PaymentStatus, RequestNo, Token, stored};
+
+/// The id of the workflow paying under `token`: derived from it, so repeats find it, without revealing it.
+pub fn payment_workflow_id(token: &Token) -> String {
+    format!("pay:{}", &hex_sha256(token.as_str().as_bytes())[..32])
+}
 
 /// What a payment workflow is started with: a [`crate::PaymentRequest`], resolved (its `request_no` fixed) and bound
 /// to its tenant, token and route. Stored as the workflow's input, so its shape is the history's.

@@ -1,0 +1,9 @@
+//! The payment saga: `claim_token`, `insert_record`, `reserve_status` (one atomic phase), `call_channel`
+//! (external), `confirm`, with the compensations DESIGN.md lists (`saga.rs`); the channel call, what its answers
+//! mean, and undoing a charge (`charge.rs`).
+
+mod charge;
+mod saga;
+
+pub use saga::PaymentSaga;
+pub(crate) use saga::payment_failed;
