@@ -214,6 +214,15 @@ pub struct MockChannelArgs {
     /// How long a new charge request is held before the channel records it (a charge in flight).
     #[arg(long, env = "ONCEFLOW_HOLD_MS", default_value_t = 0)]
     pub hold_ms: u64,
+    /// Share of new refunds that end failed (nothing refunded).
+    #[arg(long, env = "ONCEFLOW_REFUND_FAIL_RATE", default_value_t = 0.0)]
+    pub refund_fail_rate: f64,
+    /// Share of new refunds that stay processing for `--settle-ms`.
+    #[arg(long, env = "ONCEFLOW_REFUND_PROCESSING_RATE", default_value_t = 0.0)]
+    pub refund_processing_rate: f64,
+    /// Share of refund requests answered 500 after the refund was recorded (reply lost).
+    #[arg(long, env = "ONCEFLOW_REFUND_ERROR_AFTER_RATE", default_value_t = 0.0)]
+    pub refund_error_after_rate: f64,
     /// Seed of the fault dice.
     #[arg(long, env = "ONCEFLOW_SEED", default_value_t = 1)]
     pub seed: u64,

@@ -297,6 +297,9 @@ async fn mock_channel(args: MockChannelArgs) -> Result<(), Failure> {
         ("--error-after-rate", args.error_after_rate),
         ("--slow-rate", args.slow_rate),
         ("--processing-rate", args.processing_rate),
+        ("--refund-fail-rate", args.refund_fail_rate),
+        ("--refund-processing-rate", args.refund_processing_rate),
+        ("--refund-error-after-rate", args.refund_error_after_rate),
     ] {
         if !(0.0..=1.0).contains(&rate) {
             return Err(ConfigError(format!("{name} must be between 0.0 and 1.0 (got {rate})")).into());
@@ -312,6 +315,9 @@ async fn mock_channel(args: MockChannelArgs) -> Result<(), Failure> {
         processing_rate: args.processing_rate,
         settle_ms: args.settle_ms,
         hold_ms: args.hold_ms,
+        refund_fail_rate: args.refund_fail_rate,
+        refund_processing_rate: args.refund_processing_rate,
+        refund_error_after_rate: args.refund_error_after_rate,
         seed: args.seed,
     });
     let listener = tokio::net::TcpListener::bind(args.listen)

@@ -189,6 +189,7 @@ async fn chaos<S: PaymentStore>(db: String, store: S) {
         settle_ms: 300,
         seed: 42,
         hold_ms: 0,
+        ..MockChannelConfig::default()
     });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let channel = format!("http://{}", listener.local_addr().unwrap());

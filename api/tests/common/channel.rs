@@ -3,7 +3,8 @@
 //! new charge request in flight before recording it, `mixed` keeps no merchants apart (as a channel
 //! predating merchant ids would), answering one merchant's number with another's charge, and `busy` refuses a
 //! charge request while another one under the same number is in flight (`409`, as some channels do); `closeless`
-//! answers `404` to a close, as a channel predating it would.
+//! answers `404` to a close, as a channel predating it would. Refunds may be partial; how a new refund is
+//! answered is set with [`TestChannel::set_refund_mode`] (succeed, fail, refuse, stay processing, lose the reply).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -25,7 +26,26 @@ pub struct Kept {
     pub amount: i64,
     pub currency: String,
     pub charge_id: String,
+    /// Whether a succeeded refund of it exists.
     pub refunded: bool,
+    /// What its succeeded refunds add up to.
+    pub refunded_amount: i64,
+}
+
+/// How the channel answers a new refund request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RefundMode {
+    /// `succeeded` at once.
+    #[default]
+    Succeed,
+    /// `failed` at once: nothing refunded.
+    Fail,
+    /// `422`: refused, nothing recorded.
+    Refuse,
+    /// `processing` until [`TestChannel::settle_refunds`].
+    Processing,
+    /// Refunded (`succeeded`), but answered `500`: the reply is lost.
+    LoseReply,
 }
 
 impl Kept {
@@ -43,6 +63,7 @@ struct Book {
     charges: HashMap<(String, String), Kept>,
     closed: HashSet<(String, String)>,
     refunds: HashMap<(String, String), Value>,
+    refund_mode: RefundMode,
     in_flight: HashSet<(String, String)>,
     next: u64,
     closes: u64,
@@ -101,8 +122,37 @@ impl TestChannel {
         self.charges()
             .iter()
             .filter(|c| (c.merchant_id == merchant_id || c.merchant_id.is_empty()) && c.order_no == order_no)
-            .filter(|c| !c.refunded)
+            .filter(|c| c.refunded_amount < c.amount)
             .count()
+    }
+
+    /// From now on, new refund requests are answered as `mode` says.
+    pub fn set_refund_mode(&self, mode: RefundMode) {
+        self.book.lock().unwrap().refund_mode = mode;
+    }
+
+    /// Every refund, as the channel answers for it now.
+    pub fn refunds(&self) -> Vec<Value> {
+        let mut all: Vec<Value> = self.book.lock().unwrap().refunds.values().cloned().collect();
+        all.sort_by_key(|r| text(r, "merchant_refund_no"));
+        all
+    }
+
+    /// Settles every `processing` refund as `status` (`succeeded` or `failed`).
+    pub fn settle_refunds(&self, status: &str) {
+        let mut book = self.book.lock().unwrap();
+        let book = &mut *book;
+        for refund in book.refunds.values_mut().filter(|r| r["status"] == "processing") {
+            refund["status"] = json!(status);
+            if status == "succeeded" {
+                let key = (text(refund, "merchant_id"), text(refund, "merchant_request_no"));
+                let key = if self.mixed { (String::new(), key.1) } else { key };
+                if let Some(kept) = book.charges.get_mut(&key) {
+                    kept.refunded = true;
+                    kept.refunded_amount += refund["amount"].as_i64().unwrap_or(0);
+                }
+            }
+        }
     }
 
     /// Closes received.
@@ -156,6 +206,7 @@ async fn charge(State(c): State<TestChannel>, Json(req): Json<Value>) -> Respons
         currency: text(&req, "currency"),
         charge_id: format!("tc_{}", book.next),
         refunded: false,
+        refunded_amount: 0,
     };
     let body = kept.body();
     book.charges.insert(key, kept);
@@ -191,15 +242,50 @@ async fn close(State(c): State<TestChannel>, Path(no): Path<String>, Json(req): 
 async fn refund(State(c): State<TestChannel>, Json(req): Json<Value>) -> Response {
     let refund_key = c.key(&text(&req, "merchant_id"), &text(&req, "merchant_refund_no"));
     let charge_key = c.key(&text(&req, "merchant_id"), &text(&req, "merchant_request_no"));
+    let amount = req["amount"].as_i64().unwrap_or(0);
     let mut book = c.book.lock().unwrap();
+    let mode = book.refund_mode;
     if let Some(done) = book.refunds.get(&refund_key) {
-        return answer(200, done.clone());
+        let same = done["merchant_request_no"] == req["merchant_request_no"] && done["amount"] == req["amount"];
+        return if same { answer(200, done.clone()) } else { answer(409, json!({"error": "conflict"})) };
     }
-    let Some(kept) = book.charges.get_mut(&charge_key) else {
-        return answer(422, json!({"error": "no such charge"}));
+    let Some(kept) = book.charges.get(&charge_key) else {
+        return answer(409, json!({"error": "not_refundable"}));
     };
-    kept.refunded = true;
-    let done = json!({"merchant_refund_no": text(&req, "merchant_refund_no"), "refund_id": format!("tr_{}", kept.charge_id), "status": "succeeded"});
+    let (charge_amount, charge_id) = (kept.amount, kept.charge_id.clone());
+    let taken: i64 = book
+        .refunds
+        .iter()
+        .filter(|(k, r)| {
+            k.0 == charge_key.0 && text(r, "merchant_request_no") == charge_key.1 && r["status"] != "failed"
+        })
+        .map(|(_, r)| r["amount"].as_i64().unwrap_or(0))
+        .sum();
+    if amount <= 0 || taken + amount > charge_amount {
+        return answer(409, json!({"error": "exceeds_charge"}));
+    }
+    if mode == RefundMode::Refuse {
+        return answer(422, json!({"error": "refused"}));
+    }
+    let status = match mode {
+        RefundMode::Fail => "failed",
+        RefundMode::Processing => "processing",
+        _ => "succeeded",
+    };
+    book.next += 1;
+    let done = json!({
+        "merchant_id": text(&req, "merchant_id"), "merchant_refund_no": text(&req, "merchant_refund_no"),
+        "merchant_request_no": text(&req, "merchant_request_no"), "refund_id": format!("tr_{}_{}", charge_id, book.next),
+        "amount": amount, "status": status,
+    });
+    if status == "succeeded" {
+        let kept = book.charges.get_mut(&charge_key).unwrap();
+        kept.refunded = true;
+        kept.refunded_amount += amount;
+    }
     book.refunds.insert(refund_key, done.clone());
+    if mode == RefundMode::LoseReply {
+        return answer(500, json!({"error": "internal"}));
+    }
     answer(200, done)
 }

@@ -34,6 +34,12 @@ pub struct MockChannelConfig {
     /// How long a new charge request is held after it arrives before the channel records it (a charge in
     /// flight, which a `close` meanwhile refuses).
     pub hold_ms: u64,
+    /// Share of new refunds that end `failed` (nothing refunded).
+    pub refund_fail_rate: f64,
+    /// Share of new refunds that stay `processing` for `settle_ms` before they settle.
+    pub refund_processing_rate: f64,
+    /// Share of refund requests answered `500` after the refund was recorded (the reply is lost).
+    pub refund_error_after_rate: f64,
     /// Seed of the fault dice, for reproducible runs.
     pub seed: u64,
 }
@@ -47,6 +53,28 @@ pub(crate) enum Fault {
     ErrorAfter,
     /// Charge, then answer after `slow_ms`.
     Slow,
+}
+
+#[derive(Debug, Clone)]
+struct StoredRefund {
+    request: RefundRequest,
+    refund_id: String,
+    /// What the refund becomes once settled.
+    outcome: RefundStatus,
+    settles_at: Instant,
+}
+
+impl StoredRefund {
+    fn view(&self, now: Instant) -> Refund {
+        Refund {
+            merchant_id: Some(self.request.merchant_id.clone()),
+            merchant_refund_no: self.request.merchant_refund_no.clone(),
+            merchant_request_no: self.request.merchant_request_no.clone(),
+            refund_id: self.refund_id.clone(),
+            amount: self.request.amount,
+            status: if now >= self.settles_at { self.outcome } else { RefundStatus::Processing },
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -89,6 +117,8 @@ pub struct LedgerCharge {
     pub status: ChargeStatus,
     /// Whether a succeeded refund exists for it.
     pub refunded: bool,
+    /// What its succeeded refunds add up to (minor units).
+    pub refunded_amount: i64,
 }
 
 impl Ledger {
@@ -104,9 +134,9 @@ impl Ledger {
 }
 
 impl LedgerCharge {
-    /// Succeeded and not refunded: money the merchant keeps.
+    /// Succeeded and not refunded in full: money the merchant keeps (all of it, or what partial refunds left).
     pub fn is_kept(&self) -> bool {
-        self.status == ChargeStatus::Succeeded && !self.refunded
+        self.status == ChargeStatus::Succeeded && self.refunded_amount < self.amount
     }
 }
 
@@ -116,7 +146,7 @@ struct State {
     charges: HashMap<Key, StoredCharge>,
     /// Numbers closed with no charge: a charge under them is refused from then on.
     closed: HashSet<Key>,
-    refunds: HashMap<Key, (RefundRequest, Refund)>,
+    refunds: HashMap<Key, StoredRefund>,
     next_id: u64,
     charge_calls: u64,
     query_calls: u64,
@@ -186,26 +216,30 @@ impl MockChannel {
     pub fn ledger(&self) -> Ledger {
         let state = self.state();
         let now = Instant::now();
-        let refunded: HashSet<(&str, &str)> = state
-            .refunds
-            .values()
-            .filter(|(_, r)| r.status == RefundStatus::Succeeded)
-            .map(|(req, _)| (req.merchant_id.as_str(), req.merchant_request_no.as_str()))
-            .collect();
+        let mut refunded: HashMap<(&str, &str), i64> = HashMap::new();
+        for r in state.refunds.values().filter(|r| r.view(now).status == RefundStatus::Succeeded) {
+            *refunded.entry((r.request.merchant_id.as_str(), r.request.merchant_request_no.as_str())).or_default() +=
+                r.request.amount;
+        }
         let mut charges: Vec<LedgerCharge> = state
             .charges
             .values()
-            .map(|c| LedgerCharge {
-                merchant_id: c.request.merchant_id.clone(),
-                merchant_request_no: c.request.merchant_request_no.clone(),
-                order_no: c.request.order_no.clone(),
-                amount: c.request.amount,
-                status: state.view(c, now).status,
-                refunded: refunded.contains(&(c.request.merchant_id.as_str(), c.request.merchant_request_no.as_str())),
+            .map(|c| {
+                let key = (c.request.merchant_id.as_str(), c.request.merchant_request_no.as_str());
+                let refunded_amount = refunded.get(&key).copied().unwrap_or(0);
+                LedgerCharge {
+                    merchant_id: c.request.merchant_id.clone(),
+                    merchant_request_no: c.request.merchant_request_no.clone(),
+                    order_no: c.request.order_no.clone(),
+                    amount: c.request.amount,
+                    status: state.view(c, now).status,
+                    refunded: refunded_amount > 0,
+                    refunded_amount,
+                }
             })
             .collect();
         charges.sort_by(|a, b| (&a.merchant_id, &a.merchant_request_no).cmp(&(&b.merchant_id, &b.merchant_request_no)));
-        let mut refunds: Vec<Refund> = state.refunds.values().map(|(_, r)| r.clone()).collect();
+        let mut refunds: Vec<Refund> = state.refunds.values().map(|r| r.view(now)).collect();
         refunds.sort_by(|a, b| a.merchant_refund_no.cmp(&b.merchant_refund_no));
         Ledger {
             charges,
@@ -306,38 +340,58 @@ impl MockChannel {
         Closed::Closed
     }
 
-    pub(crate) async fn handle_refund(&self, request: &RefundRequest) -> Result<Refund, (u16, String)> {
+    /// Handles a refund request: the refund (`Err` is a refusal: status and message), and whether its reply is
+    /// lost (answered `500` although the refund was recorded). A charge may be refunded in parts, as long as its
+    /// refunds that succeeded or are processing add up to no more than it.
+    pub(crate) async fn handle_refund(&self, request: &RefundRequest) -> (Result<Refund, (u16, String)>, bool) {
         self.latency().await;
         let mut state = self.state();
         state.refund_calls += 1;
-        let refund_key = (request.merchant_id.clone(), request.merchant_refund_no.clone());
-        if let Some((existing, refund)) = state.refunds.get(&refund_key) {
-            if existing != request {
-                return Err((409, "merchant_refund_no reused with other fields".into()));
-            }
-            return Ok(refund.clone());
-        }
+        let lost = state.roll() < self.config.refund_error_after_rate;
         let now = Instant::now();
+        let refund_key = (request.merchant_id.clone(), request.merchant_refund_no.clone());
+        if let Some(existing) = state.refunds.get(&refund_key) {
+            if existing.request != *request {
+                return (Err((409, "conflict".into())), false);
+            }
+            return (Ok(existing.view(now)), lost);
+        }
         let charge_key = (request.merchant_id.clone(), request.merchant_request_no.clone());
-        let status = match state.charges.get(&charge_key).map(|c| state.view(c, now)) {
-            Some(c) if c.status == ChargeStatus::Succeeded && c.amount >= request.amount => RefundStatus::Succeeded,
-            Some(_) => RefundStatus::Failed,
-            None => return Err((422, "no such charge".into())),
+        let Some(charge) = state.charges.get(&charge_key).map(|c| state.view(c, now)) else {
+            return (Err((409, "not_refundable".into())), false);
         };
+        if charge.status != ChargeStatus::Succeeded || request.amount <= 0 {
+            return (Err((409, "not_refundable".into())), false);
+        }
+        let taken: i64 = state
+            .refunds
+            .values()
+            .filter(|r| r.request.merchant_id == request.merchant_id)
+            .filter(|r| r.request.merchant_request_no == request.merchant_request_no)
+            .filter(|r| r.view(now).status != RefundStatus::Failed)
+            .map(|r| r.request.amount)
+            .sum();
+        if taken + request.amount > charge.amount {
+            return (Err((409, "exceeds_charge".into())), false);
+        }
+        let failed = state.roll() < self.config.refund_fail_rate;
+        let processing = state.roll() < self.config.refund_processing_rate;
         state.next_id += 1;
-        let refund = Refund {
-            merchant_refund_no: request.merchant_refund_no.clone(),
+        let stored = StoredRefund {
+            request: request.clone(),
             refund_id: format!("re_{:08}", state.next_id),
-            status,
+            outcome: if failed { RefundStatus::Failed } else { RefundStatus::Succeeded },
+            settles_at: if processing { now + Duration::from_millis(self.config.settle_ms) } else { now },
         };
-        state.refunds.insert(refund_key, (request.clone(), refund.clone()));
-        Ok(refund)
+        let view = stored.view(now);
+        state.refunds.insert(refund_key, stored);
+        (Ok(view), lost)
     }
 
     pub(crate) async fn handle_refund_query(&self, merchant_id: &str, merchant_refund_no: &str) -> Option<Refund> {
         self.latency().await;
         let key = (merchant_id.to_owned(), merchant_refund_no.to_owned());
-        self.state().refunds.get(&key).map(|(_, r)| r.clone())
+        self.state().refunds.get(&key).map(|r| r.view(Instant::now()))
     }
 }
 
@@ -365,6 +419,9 @@ impl Channel for MockChannel {
     }
 
     async fn refund(&self, request: &RefundRequest) -> Result<Refund, ChannelError> {
-        self.handle_refund(request).await.map_err(|(status, body)| ChannelError::Refused { status, body })
+        match self.handle_refund(request).await {
+            (_, true) => Err(ChannelError::Unknown("channel answered 500".into())),
+            (answer, false) => answer.map_err(|(status, body)| ChannelError::Refused { status, body }),
+        }
     }
 }

@@ -89,8 +89,9 @@ async fn close(
 
 async fn refund(State(channel): State<MockChannel>, Json(request): Json<RefundRequest>) -> Response {
     match channel.handle_refund(&request).await {
-        Ok(refund) => Json(refund).into_response(),
-        Err((status, message)) => error(status, &message),
+        (_, true) => error(500, "internal error"),
+        (Ok(refund), false) => Json(refund).into_response(),
+        (Err((status, message)), false) => error(status, &message),
     }
 }
 

@@ -102,11 +102,11 @@ pub enum Closed {
 pub struct RefundRequest {
     /// The merchant refunding.
     pub merchant_id: String,
-    /// Stable refund number, derived from the payment.
+    /// Stable refund number: a merchant's refund's own, or one derived from the payment for a compensation.
     pub merchant_refund_no: String,
     /// The charge refunded.
     pub merchant_request_no: String,
-    /// Minor units.
+    /// Minor units: all of the charge or a part of it.
     pub amount: i64,
 }
 
@@ -125,12 +125,30 @@ pub enum RefundStatus {
 /// A refund as the channel reports it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Refund {
+    /// The merchant it belongs to, when the channel echoes it (the protocol says it does).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub merchant_id: Option<String>,
     /// Our refund number.
     pub merchant_refund_no: String,
+    /// The charge it refunds.
+    pub merchant_request_no: String,
     /// The channel's id.
     pub refund_id: String,
+    /// Minor units.
+    pub amount: i64,
     /// Current status.
     pub status: RefundStatus,
+}
+
+impl Refund {
+    /// Whether this refund is the one `request` asked for: the same merchant (when echoed), refund number,
+    /// charge and amount. A refund that is not is someone else's answer: never taken as this refund's outcome.
+    pub fn matches(&self, request: &RefundRequest) -> bool {
+        self.merchant_id.as_deref().is_none_or(|m| m == request.merchant_id)
+            && self.merchant_refund_no == request.merchant_refund_no
+            && self.merchant_request_no == request.merchant_request_no
+            && self.amount == request.amount
+    }
 }
 
 /// How a call to the channel failed.
