@@ -3,21 +3,26 @@
 -- case-sensitively (binary collation, see 0001).
 
 -- One row per outcome: `id` is derived from the outcome (`evt_` and 128 bits of SHA-256 over tenant, kind and
--- the outcome's key), so the primary key is what allows one event per outcome. Written by the outcome's own
+-- the outcome's key), so its unique key is what allows one event per outcome. Written by the outcome's own
 -- transaction, so kept small.
 --
 -- `seq` is the log's order, given after commit: an AUTO_INCREMENT is taken at insert, and a transaction that
 -- took a smaller one may commit after one that took a larger one, so a reader paging by it could skip an event.
 -- The sequencer (one transaction at a time, under the lock of `event_sequence`'s row) numbers committed events
 -- that have none, each number above every one given before; the log shows numbered events only.
+--
+-- `n` numbers rows as they are inserted (the primary key: InnoDB appends rows in its order); the sequencer
+-- numbers the events of one pass in its order, the closest to their commits that MySQL can tell.
 CREATE TABLE events (
-    id          VARCHAR(64) NOT NULL PRIMARY KEY,
+    n           BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY,
+    id          VARCHAR(64) NOT NULL,
     tenant      VARCHAR(255) NOT NULL,
     type        VARCHAR(64) NOT NULL,
     data        LONGTEXT NOT NULL,
     created_at  BIGINT NOT NULL,
     traceparent VARCHAR(255),
     seq         BIGINT,
+    UNIQUE KEY events_id (id),
     UNIQUE KEY events_log (seq),
     KEY events_tenant_log (tenant, seq)
 ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;

@@ -278,7 +278,7 @@ impl<S: PaymentStore> Events<S> {
         limit: i64,
     ) -> Result<Vec<Attempt>, EventError> {
         self.endpoint(scope, endpoint_id).await?;
-        Ok(self.store().attempts_of(endpoint_id, before, limit.clamp(1, MAX_PAGE)).await?)
+        Ok(self.store().attempts_of(endpoint_id, before, limit.clamp(1, MAX_PAGE + 1)).await?)
     }
 
     /// Starts the dispatcher and the deliveries in the background (`serve`, `worker`); abort the handle to stop

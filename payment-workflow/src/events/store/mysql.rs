@@ -71,11 +71,10 @@ impl EventStore for MySqlStore {
         let last: i64 = sqlx::query_scalar("SELECT position FROM event_sequence WHERE id = 1 FOR UPDATE")
             .fetch_one(&mut *tx)
             .await?;
-        let ids: Vec<String> =
-            sqlx::query_scalar("SELECT id FROM events WHERE seq IS NULL ORDER BY created_at, id LIMIT ?")
-                .bind(SEQUENCE_BATCH)
-                .fetch_all(&mut *tx)
-                .await?;
+        let ids: Vec<String> = sqlx::query_scalar("SELECT id FROM events WHERE seq IS NULL ORDER BY n LIMIT ?")
+            .bind(SEQUENCE_BATCH)
+            .fetch_all(&mut *tx)
+            .await?;
         let mut next = last;
         for id in &ids {
             next += 1;
