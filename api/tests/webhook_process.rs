@@ -187,3 +187,32 @@ async fn two_processes_never_send_one_delivery_twice_at_once(url: &str) {
         (Some("delivered"), Some(2))
     );
 }
+
+/// Runs `onceflow args…` to its end: its exit code and stdout.
+fn onceflow(args: &[&str]) -> (Option<i32>, String) {
+    let out = Command::new(ONCEFLOW).args(args).env("RUST_LOG", "warn").output().expect("run onceflow");
+    (out.status.code(), String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_terminal_lists_the_log_from_a_cursor_and_redelivers() {
+    let url = common::database("sqlite").await.unwrap();
+    let events: Vec<NewEvent> = (0..3).map(|i| event("acme", &format!("R-{i}"))).collect();
+    let ids: Vec<String> = events.iter().map(NewEvent::id).collect();
+    write(&url, events).await;
+    let (code, out) = onceflow(&["events", "list", "--database-url", &url, "--tenant", "acme", "--limit", "2"]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains(&ids[0]) && out.contains(&ids[1]) && !out.contains(&ids[2]), "{out}");
+    let next = out.lines().last().and_then(|l| l.split("next: ").nth(1)).expect("the next cursor").to_owned();
+    let (_, rest) = onceflow(&["events", "list", "--database-url", &url, "--tenant", "acme", "--after", &next]);
+    assert!(rest.contains(&ids[2]) && !rest.contains(&ids[0]), "{rest}");
+    let (_, other) = onceflow(&["events", "list", "--database-url", &url, "--tenant", "globex"]);
+    assert!(other.contains("(0 shown)"), "{other}");
+    let (code, _) = onceflow(&["events", "list", "--database-url", &url, "--after", "nonsense"]);
+    assert_eq!(code, Some(2), "a cursor the log did not give is bad usage");
+    let (code, out) = onceflow(&["events", "redeliver", "--database-url", &url, &ids[0]]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains("(0 deliveries made)"), "no endpoint yet: {out}");
+    let (code, _) = onceflow(&["events", "redeliver", "--database-url", &url, "evt_nope"]);
+    assert_eq!(code, Some(1), "an unknown event");
+}

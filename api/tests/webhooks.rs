@@ -117,6 +117,13 @@ async fn a_receiver_failing_three_times_gets_the_event_four_times_with_one_id(ur
     );
     assert!(attempts[1]["next_attempt_at"].is_string() && attempts[0]["next_attempt_at"].is_null());
     assert!(attempts.iter().all(|a| a["event"] == id && a["latency_ms"].is_i64()));
+    let metrics = hooked.app.get("/metrics").await.text;
+    for series in [
+        "onceflow_webhook_deliveries_total{outcome=\"delivered\"}",
+        "onceflow_webhook_deliveries_total{outcome=\"retry\"}",
+    ] {
+        assert!(metrics.contains(series), "{series} in {metrics}");
+    }
 }
 
 on_every_backend!(a_receiver_answering_410_is_disabled_and_gets_nothing_more:

@@ -150,7 +150,10 @@ pub struct LogQuery {
     pub limit: Option<i64>,
     /// Only these types, comma-separated (payment.succeeded, payment.declined, payment.failed,
     /// payment.refunded, refund.succeeded, refund.failed).
-    #[param(rename = "type", pattern = r"^[a-z.]+(,[a-z.]+)*$")]
+    #[param(
+        rename = "type",
+        pattern = r"^(payment\.(succeeded|declined|failed|refunded)|refund\.(succeeded|failed))(,(payment\.(succeeded|declined|failed|refunded)|refund\.(succeeded|failed)))*$"
+    )]
     #[serde(rename = "type")]
     pub kind: Option<String>,
     /// An operator key: only this tenant's (a tenant key: its own, the only one it may name).
