@@ -464,3 +464,39 @@ async fn the_log_pages_in_commit_order_and_an_expired_cursor_is_410(url: &str) {
     assert_eq!(hooked.app.get(&format!("/v1/events?after={last}")).await.status, 200);
     hooked.app.get(&format!("/v1/events/{}", written[0])).await.assert_problem(404, "event_not_found");
 }
+
+/// The README's receiver (the Python block after `<!-- receiver -->`), run as written with the secret and port
+/// filled in: it verifies a real delivery and prints the event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(onceflow_no_standardwebhooks, ignore = "STANDARDWEBHOOKS_PYTHON is not set")]
+async fn the_readme_receiver_verifies_an_event() {
+    use std::io::BufRead;
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap();
+    let block = readme.split("<!-- receiver -->\n```python\n").nth(1).expect("the receiver block");
+    let block = block.split("```").next().unwrap();
+    let url = common::database("sqlite").await.unwrap();
+    let hooked = start(&url, Auth::SingleTenant, local(&[200, 200])).await;
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let we = endpoint(&hooked, &format!("http://127.0.0.1:{port}/"), None).await;
+    let script = block
+        .replace("whsec_…", we["secret"].as_str().unwrap())
+        .replace("(\"127.0.0.1\", 9000)", &format!("(\"127.0.0.1\", {port})"));
+    assert!(script.contains(&port.to_string()), "the block listens on 9000: {block}");
+    let mut python = std::process::Command::new(verifier())
+        .args(["-c", &script])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = python.stdout.take().unwrap();
+    let e = event("default", "R-readme");
+    hooked.write(e.clone()).await;
+    let line = tokio::task::spawn_blocking(move || std::io::BufReader::new(stdout).lines().next()).await.unwrap();
+    let _ = python.kill();
+    let _ = python.wait();
+    assert_eq!(line.unwrap().unwrap(), format!("{} payment.succeeded R-readme", e.id()));
+    let detail =
+        until(&hooked, &format!("/v1/events/{}", e.id()), "delivered", |b| b["deliveries"][0]["state"] == "delivered")
+            .await;
+    assert_eq!(detail["deliveries"][0]["last_status"], 204);
+}
