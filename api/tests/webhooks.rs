@@ -500,3 +500,40 @@ async fn the_readme_receiver_verifies_an_event() {
             .await;
     assert_eq!(detail["deliveries"][0]["last_status"], 204);
 }
+
+on_every_backend!(an_event_with_a_delivery_pending_outlives_its_retention:
+    kept_sqlite => sqlite, kept_postgres => postgres, kept_mysql => mysql);
+
+async fn an_event_with_a_delivery_pending_outlives_its_retention(url: &str) {
+    let receiver = Receiver::start(|_, _| Reply::Status(500)).await;
+    let settings = EventSettings { retention: Duration::from_secs(24 * 3600), ..local(&[60_000]) };
+    let hooked = start(url, Auth::SingleTenant, settings).await;
+    let we = endpoint(&hooked, &receiver.url, None).await;
+    let we = we["id"].as_str().unwrap().to_owned();
+    let three_days_ago = chrono::Utc::now().timestamp_millis() - 3 * 24 * 3600 * 1000;
+    let (mut held, mut free) = (event("default", "R-held"), event("default", "R-free"));
+    held.created_at = three_days_ago;
+    free.created_at = three_days_ago;
+    let (held_id, free_id) = (held.id(), free.id());
+    hooked.write(held).await;
+    hooked.write(free).await;
+    // Older than the endpoint: not dispatched to it; sent there by a redelivery, which fails and waits a minute.
+    let a = hooked.app.post(&format!("/v1/events/{held_id}/redeliver"), json!({ "endpoint": we })).await;
+    assert_eq!(a.status, 202, "{}", a.text);
+    let path = format!("/v1/events/{held_id}");
+    until(&hooked, &path, "a failed attempt", |b| b["deliveries"][0]["attempts"] == 1).await;
+    assert_eq!(hooked.app.get(&path).await.json()["deliveries"][0]["state"], "pending");
+    // Retention deletes only what the dispatcher has passed (it polls every 50 ms here).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(hooked.retention().await, 1, "the old event with nothing pending goes, the held one stays");
+    hooked.app.get(&format!("/v1/events/{free_id}")).await.assert_problem(404, "event_not_found");
+    assert_eq!(hooked.app.get(&path).await.status, 200);
+    // Deleting the endpoint fails its pending delivery; then nothing holds the event.
+    let a = hooked.app.send(Method::DELETE, &format!("/v1/webhook-endpoints/{we}"), &[], None).await;
+    assert_eq!(a.status, 204, "{}", a.text);
+    let failed = hooked.app.get(&path).await.json();
+    assert_eq!(failed["deliveries"][0]["state"], "failed", "{failed}");
+    assert_eq!(failed["deliveries"][0]["last_error"], "the endpoint was deleted");
+    assert_eq!(hooked.retention().await, 1);
+    hooked.app.get(&path).await.assert_problem(404, "event_not_found");
+}

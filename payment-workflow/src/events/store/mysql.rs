@@ -108,7 +108,8 @@ impl EventStore for MySqlStore {
     }
 
     async fn event(&self, id: &str) -> Result<Option<Event>, sqlx::Error> {
-        let sql = format!("SELECT {EVENT} FROM events WHERE id = ?");
+        // Committed but not numbered yet, an event is still one: its place in the log is unknown (0) until then.
+        let sql = format!("SELECT {} FROM events WHERE id = ?", EVENT.replace("seq AS", "COALESCE(seq, 0) AS"));
         sqlx::query_as(sqlx::AssertSqlSafe(sql)).bind(id).fetch_optional(self.pool()).await
     }
 
