@@ -5,13 +5,14 @@
 
 use std::time::Duration;
 
+use onceflow_engine::Store as _;
 use onceflow_engine::phase::{PhaseStep, SqlArg, StatementPhase};
 use onceflow_engine::{
     BoxFuture, Engine, Failure, Interrupt, MySqlStore, Outcome, PgStore, SqliteStore, StepError, Workflow,
     WorkflowContext,
 };
 use onceflow_payments::events::{Position, outbox};
-use onceflow_payments::{EventType, NewEvent, PaymentStore, PhaseDialect};
+use onceflow_payments::{EventStore as _, EventType, NewEvent, PaymentStore, PhaseDialect};
 use onceflow_tests::TestDb;
 use serde::{Deserialize, Serialize};
 
@@ -192,12 +193,58 @@ async fn the_log_never_skips_an_event_committed_after_a_later_one<S: EventsDb>(s
     let cursor = first.last().map_or_else(Position::start, |e| e.position());
     assert!(first.iter().all(|e| e.id == event("R-b").id()), "{first:?}");
     a.commit().await.unwrap();
-    // From the cursor taken before A committed: A is there; nothing is lost.
-    let rest = page(cursor).await;
-    let mut seen: Vec<String> = first.into_iter().chain(rest).map(|e| e.id).collect();
+    // From the cursor taken before A committed: A is there; nothing is lost. (On Postgres the log waits for
+    // every older write transaction of the server to end, other tests' too: it may take a moment.)
+    let started = std::time::Instant::now();
+    let mut seen: Vec<String> = first.into_iter().map(|e| e.id).collect();
+    let mut cursor = cursor;
+    while seen.len() < 2 && started.elapsed() < WAIT {
+        let rest = page(cursor.clone()).await;
+        if let Some(last) = rest.last() {
+            cursor = last.position();
+        }
+        seen.extend(rest.into_iter().map(|e| e.id));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     assert!(seen.contains(&event("R-a").id()), "A, committed after the cursor was taken, was skipped: {seen:?}");
     seen.sort();
     let mut both = vec![event("R-a").id(), event("R-b").id()];
     both.sort();
     assert_eq!(seen, both, "each once");
+}
+
+/// On Postgres the log waits for older write transactions that could still commit an event before a position,
+/// and only for those of its own database: a long one in another database of the server (a migration, a
+/// `DROP DATABASE` elsewhere) delays nothing here.
+#[cfg_attr(onceflow_no_postgres, ignore = "DATABASE_URL is not set")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_log_does_not_wait_for_another_databases_transactions() {
+    let Some(store) = onceflow_tests::pg_store().await.unwrap() else { return };
+    // A write transaction in another database (the one DATABASE_URL names), open throughout.
+    let elsewhere = PgStore::connect(&std::env::var("DATABASE_URL").unwrap(), 1).await.unwrap();
+    let mut other = elsewhere.pool().begin().await.unwrap();
+    let xid: String = sqlx::query_scalar("SELECT pg_current_xact_id()::text").fetch_one(&mut *other).await.unwrap();
+    assert!(!xid.is_empty());
+    let mut tx = store.begin().await.unwrap();
+    PgStore::write_event(&mut tx, &event("R-now")).await.unwrap();
+    tx.commit().await.unwrap();
+    let started = std::time::Instant::now();
+    let shown = store.events_after(Some("acme"), &Position::start(), &[], 10).await.unwrap();
+    other.rollback().await.unwrap();
+    assert_eq!(
+        shown.iter().map(|e| e.id.clone()).collect::<Vec<_>>(),
+        [event("R-now").id()],
+        "shown at once ({:?}), although a transaction of another database began before it and is still open",
+        started.elapsed()
+    );
+    // A transaction of this database that began before does hold it back: it could still commit an event.
+    let mut mine = store.begin().await.unwrap();
+    sqlx::query("SELECT pg_current_xact_id()").execute(&mut *mine).await.unwrap();
+    let mut tx = store.begin().await.unwrap();
+    PgStore::write_event(&mut tx, &event("R-later")).await.unwrap();
+    tx.commit().await.unwrap();
+    let after = Position { major: shown[0].position, id: shown[0].id.clone() };
+    assert!(store.events_after(Some("acme"), &after, &[], 10).await.unwrap().is_empty());
+    mine.rollback().await.unwrap();
+    assert_eq!(store.events_after(Some("acme"), &after, &[], 10).await.unwrap().len(), 1);
 }
