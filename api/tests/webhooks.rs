@@ -490,7 +490,8 @@ async fn the_readme_receiver_verifies_an_event() {
     let block = readme.split("<!-- receiver -->\n```python\n").nth(1).expect("the receiver block");
     let block = block.split("```").next().unwrap();
     let url = common::database("sqlite").await.unwrap();
-    let hooked = start(&url, Auth::SingleTenant, local(&[200, 200])).await;
+    // Python may take a moment to listen: retries a while.
+    let hooked = start(&url, Auth::SingleTenant, local(&[500, 1000, 2000, 4000])).await;
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let we = endpoint(&hooked, &format!("http://127.0.0.1:{port}/"), None).await;
     let script = block
@@ -507,12 +508,13 @@ async fn the_readme_receiver_verifies_an_event() {
     let e = event("default", "R-readme");
     hooked.write(e.clone()).await;
     let line = tokio::task::spawn_blocking(move || std::io::BufReader::new(stdout).lines().next()).await.unwrap();
-    let _ = python.kill();
-    let _ = python.wait();
-    assert_eq!(line.unwrap().unwrap(), format!("{} payment.succeeded R-readme", e.id()));
+    // The receiver answers after it printed: stopped only once the delivery is recorded.
     let detail =
         until(&hooked, &format!("/v1/events/{}", e.id()), "delivered", |b| b["deliveries"][0]["state"] == "delivered")
             .await;
+    let _ = python.kill();
+    let _ = python.wait();
+    assert_eq!(line.unwrap().unwrap(), format!("{} payment.succeeded R-readme", e.id()));
     assert_eq!(detail["deliveries"][0]["last_status"], 204);
 }
 
