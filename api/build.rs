@@ -1,4 +1,4 @@
-//! Marks the tests that need a database server, a broker or schemathesis as ignored when its URL (or path) is
+//! Marks the tests that need a database server, a broker, schemathesis or the standardwebhooks package as ignored when its URL (or path) is
 //! not set at build time, so that a tally counts them as ignored rather than passed (they would return at once).
 //! `.ci/run` sets every variable, so CI runs them all; cargo rebuilds when one of the variables changes.
 fn main() {
@@ -7,6 +7,7 @@ fn main() {
         ("MYSQL_URL", "onceflow_no_mysql"),
         ("AMQP_URL", "onceflow_no_amqp"),
         ("SCHEMATHESIS", "onceflow_no_schemathesis"),
+        ("STANDARDWEBHOOKS_PYTHON", "onceflow_no_standardwebhooks"),
     ] {
         println!("cargo::rerun-if-env-changed={var}");
         println!("cargo::rustc-check-cfg=cfg({cfg})");

@@ -47,6 +47,9 @@ pub enum Command {
     /// Inspect and steer workflows.
     #[command(subcommand)]
     Workflows(WorkflowsCommand),
+    /// Read the event log, send an event again.
+    #[command(subcommand)]
+    Events(EventsCommand),
 }
 
 /// Where the database is.
@@ -93,6 +96,9 @@ pub struct GcArgs {
     /// What to keep.
     #[command(flatten)]
     pub retention: RetentionArgs,
+    /// How long events are kept (and the other event settings, unused here).
+    #[command(flatten)]
+    pub events: EventArgs,
     /// Count what would be deleted; delete nothing. From the environment: `1`, `true`, `yes` or `on` (`0`,
     /// `false`, `no`, `off`: a real pass).
     #[arg(long, env = "ONCEFLOW_DRY_RUN", value_parser = clap::builder::BoolishValueParser::new())]
@@ -155,6 +161,88 @@ pub struct ServeArgs {
     /// How often `serve` and `worker` run a retention pass (one process at a time; the first at start-up).
     #[arg(long, env = "ONCEFLOW_GC_INTERVAL", default_value = "1h", value_parser = parse_duration)]
     pub gc_interval: Duration,
+    /// Merchant events and webhooks.
+    #[command(flatten)]
+    pub events: EventArgs,
+}
+
+/// Merchant events and their webhooks (contracts/events.md).
+#[derive(Debug, Clone, Args)]
+pub struct EventArgs {
+    /// Events and their delivery records are kept this long (an event with a delivery pending, until it is
+    /// delivered or failed).
+    #[arg(long, env = "ONCEFLOW_EVENT_RETENTION", default_value = "30d", value_parser = parse_duration)]
+    pub event_retention: Duration,
+    /// Let webhook endpoints use plain `http` (a local receiver needs this and --webhook-allow-private). From the
+    /// environment: `1`, `true`, `yes` or `on`.
+    #[arg(long, env = "ONCEFLOW_WEBHOOK_ALLOW_HTTP", value_parser = clap::builder::BoolishValueParser::new())]
+    pub webhook_allow_http: bool,
+    /// Let webhook endpoints be private, loopback or link-local addresses (refused otherwise, at registration and
+    /// at every connection).
+    #[arg(long, env = "ONCEFLOW_WEBHOOK_ALLOW_PRIVATE", value_parser = clap::builder::BoolishValueParser::new())]
+    pub webhook_allow_private: bool,
+    /// The waits between a failed delivery's attempts; its length is the number of retries.
+    #[arg(long, env = "ONCEFLOW_WEBHOOK_RETRY_SCHEDULE", default_value = "5s,5m,30m,2h,5h,10h,10h", value_parser = parse_schedule)]
+    pub webhook_retry_schedule: Schedule,
+    /// An attempt not answered `2xx` within this has failed.
+    #[arg(long, env = "ONCEFLOW_WEBHOOK_TIMEOUT", default_value = "15s", value_parser = parse_duration)]
+    pub webhook_timeout: Duration,
+}
+
+impl EventArgs {
+    /// As the payment service takes them.
+    pub fn settings(&self) -> onceflow_payments::EventSettings {
+        onceflow_payments::EventSettings {
+            retention: self.event_retention,
+            rules: onceflow_payments::events::address::Rules {
+                allow_http: self.webhook_allow_http,
+                allow_private: self.webhook_allow_private,
+            },
+            schedule: self.webhook_retry_schedule.0.clone(),
+            timeout: self.webhook_timeout.max(Duration::from_millis(100)),
+            ..onceflow_payments::EventSettings::default()
+        }
+    }
+}
+
+/// A retry schedule: durations, comma-separated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Schedule(pub Vec<Duration>);
+
+/// Parses `--webhook-retry-schedule` (`200ms,500ms,1s`; empty: no retries).
+pub fn parse_schedule(raw: &str) -> Result<Schedule, String> {
+    raw.split(',').map(str::trim).filter(|s| !s.is_empty()).map(parse_duration).collect::<Result<_, _>>().map(Schedule)
+}
+
+/// `events …`.
+#[derive(Debug, Subcommand)]
+pub enum EventsCommand {
+    /// The event log in commit order, from a cursor.
+    List {
+        /// The database.
+        #[command(flatten)]
+        database: DatabaseArgs,
+        /// Only this tenant's events.
+        #[arg(long, env = "ONCEFLOW_TENANT")]
+        tenant: Option<String>,
+        /// Start after this cursor (the `next` printed last time).
+        #[arg(long, env = "ONCEFLOW_AFTER")]
+        after: Option<String>,
+        /// How many.
+        #[arg(long, env = "ONCEFLOW_LIMIT", default_value_t = 100)]
+        limit: i64,
+    },
+    /// Send an event again now, with the same id (a running `serve` or `worker` sends it).
+    Redeliver {
+        /// The database.
+        #[command(flatten)]
+        database: DatabaseArgs,
+        /// Only to this endpoint (we_…); else to every endpoint subscribed to the event.
+        #[arg(long, env = "ONCEFLOW_ENDPOINT")]
+        endpoint: Option<String>,
+        /// The event (evt_…).
+        event_id: String,
+    },
 }
 
 /// `consume`: the database, channel and lease flags of `serve` (its `--listen` and `--api-keys` are not

@@ -121,3 +121,27 @@ impl From<onceflow_engine::Error> for ApiError {
         }
     }
 }
+
+impl From<onceflow_payments::events::EventError> for ApiError {
+    fn from(e: onceflow_payments::events::EventError) -> Self {
+        use onceflow_payments::events::EventError;
+        match e {
+            EventError::EndpointNotFound(_) => Self::not_found("endpoint_not_found", e.to_string()),
+            EventError::EventNotFound(_) => Self::not_found("event_not_found", e.to_string()),
+            EventError::UrlRefused(refusal) => Self::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "webhook_url_refused",
+                "Webhook URL refused",
+                format!("{refusal} (rule: {})", refusal.rule()),
+            ),
+            EventError::CursorExpired => Self::new(StatusCode::GONE, "cursor_expired", "Cursor expired", e.to_string()),
+            EventError::TooManyEndpoints => {
+                Self::new(StatusCode::UNPROCESSABLE_ENTITY, "endpoint_limit", "Too many endpoints", e.to_string())
+            }
+            EventError::EndpointDisabled(_) => {
+                Self::new(StatusCode::CONFLICT, "endpoint_disabled", "Endpoint disabled", e.to_string())
+            }
+            other => Self::unavailable(&other),
+        }
+    }
+}

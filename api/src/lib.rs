@@ -24,6 +24,7 @@ pub mod config;
 mod consume;
 mod database;
 mod error;
+mod events;
 mod extract;
 mod gc;
 pub mod metrics;

@@ -40,6 +40,19 @@ fn describe() {
         "onceflow_gc_deleted_total",
         "Rows deleted by this process's retention passes, by kind (unused_tokens, used_tokens, workflows, steps)"
     );
+    ::metrics::describe_counter!(
+        "onceflow_webhook_deliveries_total",
+        "Webhook attempts made by this process, by outcome (delivered, retry, failed: the schedule is spent, gone: 410)"
+    );
+    ::metrics::describe_gauge!(
+        "onceflow_webhook_pending",
+        "Webhook deliveries pending (due, waiting for a retry, or in flight), as this process last counted (every 5 s)"
+    );
+    ::metrics::describe_gauge!(
+        "onceflow_webhook_oldest_pending_seconds",
+        ::metrics::Unit::Seconds,
+        "Age of the oldest pending webhook delivery (0 when there is none)"
+    );
     ::metrics::describe_gauge!(
         "onceflow_gc_last_run_timestamp_seconds",
         ::metrics::Unit::Seconds,

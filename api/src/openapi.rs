@@ -11,7 +11,7 @@ use utoipa::{OpenApi, ToSchema};
 use onceflow_payments::{KEY_PATTERN, TOKEN_PATTERN};
 
 use crate::routes::views::WorkflowStateSchema;
-use crate::routes::{compat, ops, orders, payments, tokens};
+use crate::routes::{compat, events, ops, orders, payments, tokens, webhooks};
 
 /// A problem (RFC 9457), the shape of every error.
 #[derive(Debug, Serialize, ToSchema)]
@@ -28,7 +28,8 @@ pub struct Problem {
     /// Stable, machine-readable: invalid_request, idempotency_key_missing, idempotency_key_invalid,
     /// idempotency_key_mismatch, token_not_found, order_not_found, order_conflict, order_not_payable,
     /// amount_mismatch, request_no_conflict, payment_declined, payment_not_found, workflow_not_found,
-    /// invalid_state, unauthorized, forbidden, not_found, method_not_allowed, payload_too_large, request_timeout,
+    /// invalid_state, event_not_found, endpoint_not_found, endpoint_disabled, endpoint_limit, webhook_url_refused,
+    /// cursor_expired, unauthorized, forbidden, not_found, method_not_allowed, payload_too_large, request_timeout,
     /// unsupported_media_type, unavailable, internal.
     pub code: String,
     /// With `payment_declined`: the channel's reason.
@@ -60,6 +61,16 @@ pub struct Problem {
         ops::readyz,
         ops::metrics,
         ops::openapi,
+        events::list_events,
+        events::get_event,
+        events::redeliver,
+        webhooks::create_endpoint,
+        webhooks::list_endpoints,
+        webhooks::get_endpoint,
+        webhooks::update_endpoint,
+        webhooks::delete_endpoint,
+        webhooks::rotate_secret,
+        webhooks::list_attempts,
     ),
     components(schemas(Problem))
 )]

@@ -29,6 +29,7 @@ pub async fn run(command: Command) -> ExitCode {
         Command::Consume(args) => consume(args).await,
         Command::MockChannel(args) => mock_channel(args).await,
         Command::Workflows(cmd) => workflows(cmd).await,
+        Command::Events(cmd) => crate::events::run(cmd).await.map_err(Failure::from_events),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -46,6 +47,16 @@ pub async fn run(command: Command) -> ExitCode {
 enum Failure {
     Config(ConfigError),
     Other(anyhow::Error),
+}
+
+impl Failure {
+    /// An `events` command's failure.
+    fn from_events(e: crate::events::CommandError) -> Self {
+        match e {
+            crate::events::CommandError::Config(e) => Self::Config(e),
+            crate::events::CommandError::Other(e) => Self::Other(e),
+        }
+    }
 }
 
 impl From<ConfigError> for Failure {
@@ -143,9 +154,11 @@ impl OnPayments for Serve {
 
     async fn run<S: PaymentStore>(self, payments: Payments<S>) -> Self::Output {
         let Self { args, auth, http } = self;
-        let payments = payments.with_retention(args.retention.retention());
+        let payments = payments.with_retention(args.retention.retention()).with_events(args.events.settings());
         let background = payments.engine().spawn_background();
         let retention = payments.spawn_retention(args.gc_interval);
+        // Webhook deliveries (contracts/events.md): the dispatcher and the attempts, in `serve` and `worker`.
+        let deliveries = payments.events().spawn();
         let unresolved = spawn_unresolved_warnings(payments.clone(), args.unresolved_warn);
         if http {
             crate::metrics::install();
@@ -173,6 +186,8 @@ impl OnPayments for Serve {
         background.abort();
         unresolved.abort();
         retention.abort();
+        // An attempt in flight is dropped: its lease expires and a process sends it again, with the same id.
+        deliveries.abort();
         Ok(())
     }
 }
@@ -279,7 +294,8 @@ async fn migrate(db: DatabaseArgs) -> Result<(), Failure> {
 }
 
 async fn gc(args: GcArgs) -> Result<(), Failure> {
-    let task = crate::gc::Gc { retention: args.retention.retention(), dry_run: args.dry_run };
+    let task =
+        crate::gc::Gc { retention: args.retention.retention(), events: args.events.settings(), dry_run: args.dry_run };
     if !args.dry_run {
         return with_database(&args.database, task).await?.map_err(Failure::Other);
     }

@@ -65,7 +65,8 @@ fn gc_with(env: &[(&str, &str)], args: &[&str]) -> String {
 
 fn counts(verb: &str, unused: u64, used: u64, workflows: u64, steps: u64) -> String {
     format!(
-        "{verb} unused_tokens {unused}\n{verb} used_tokens {used}\n{verb} workflows {workflows}\n{verb} steps {steps}\n"
+        "{verb} unused_tokens {unused}\n{verb} used_tokens {used}\n{verb} workflows {workflows}\n{verb} steps {steps}\n\
+         {verb} events 0\n"
     )
 }
 

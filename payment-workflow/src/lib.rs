@@ -27,6 +27,7 @@
 
 mod channel;
 mod error;
+pub mod events;
 mod invariants;
 mod model;
 mod payments;
@@ -40,6 +41,7 @@ pub use channel::{
     MockChannelConfig, Refund, RefundRequest, RefundStatus, mock_channel_router,
 };
 pub use error::{Error, Result};
+pub use events::{EventSettings, EventStore, EventType, Events, NewEvent};
 pub use invariants::{Violation, check_invariants};
 pub use model::{
     Currency, InvalidField, KEY_PATTERN, Order, OrderNo, OrderStatus, PaymentBody, PaymentInput, PaymentRecord,
@@ -50,4 +52,4 @@ pub use payments::PaymentSaga;
 pub use retention::{BATCH as RETENTION_BATCH, PassReport};
 pub use service::{COMMAND_ROUTE, IssuedToken, PayResponse, Payments, TOKEN_TTL_MS};
 pub use settings::Retention;
-pub use store::{PassLock, PaymentStore, Reserve, ReserveSteps, TokenKind};
+pub use store::{PassLock, PaymentStore, PhaseDialect, Reserve, ReserveSteps, TokenKind};

@@ -29,6 +29,8 @@ pub struct PassReport {
     pub workflows: u64,
     /// Their steps.
     pub steps: u64,
+    /// Merchant events past `--event-retention` with nothing pending, with their delivery records.
+    pub events: u64,
     /// Counted only; nothing was deleted.
     pub dry_run: bool,
 }
@@ -36,13 +38,22 @@ pub struct PassReport {
 impl PassReport {
     /// `(kind, rows)`, in the order a pass deletes them; the kinds are the `kind` label of
     /// `onceflow_gc_deleted_total`.
-    pub fn kinds(&self) -> [(&'static str, u64); 4] {
+    pub fn kinds(&self) -> [(&'static str, u64); 5] {
         [
             ("unused_tokens", self.unused_tokens),
             ("used_tokens", self.used_tokens),
             ("workflows", self.workflows),
             ("steps", self.steps),
+            ("events", self.events),
         ]
+    }
+}
+
+/// An events error as the pass reports it (the events' retention fails only on the database).
+fn events_error(e: crate::events::EventError) -> crate::error::Error {
+    match e {
+        crate::events::EventError::Database(e) => e.into(),
+        _ => crate::error::Error::Unavailable("the events' retention failed"),
     }
 }
 
@@ -69,6 +80,7 @@ impl<S: PaymentStore> Payments<S> {
                 used_tokens: store.count_tokens(TokenKind::Used, used_by).await?,
                 workflows: history.workflows,
                 steps: history.steps,
+                events: self.events().delete_old(true, BATCH).await.map_err(events_error)?,
                 dry_run: true,
             }));
         }
@@ -124,6 +136,8 @@ impl<S: PaymentStore> Payments<S> {
             }
             tokio::task::yield_now().await;
         }
+        report.events = self.events().delete_old(false, BATCH).await.map_err(events_error)?;
+        deleted("events", report.events);
         Ok(report)
     }
 

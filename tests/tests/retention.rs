@@ -43,7 +43,7 @@ fn request(order: &str) -> PaymentRequest {
 }
 
 fn report(unused_tokens: u64, used_tokens: u64, workflows: u64, steps: u64) -> PassReport {
-    PassReport { unused_tokens, used_tokens, workflows, steps, dry_run: false }
+    PassReport { unused_tokens, used_tokens, workflows, steps, events: 0, dry_run: false }
 }
 
 fn code(body: &str) -> String {

@@ -18,11 +18,13 @@ use crate::state::AppState;
 
 mod body;
 pub mod compat;
+pub mod events;
 pub mod ops;
 pub mod orders;
 pub mod payments;
 pub mod tokens;
 pub mod views;
+pub mod webhooks;
 
 /// Largest request body accepted.
 pub const BODY_LIMIT: usize = 64 * 1024;
@@ -44,6 +46,18 @@ pub fn app<S: PaymentStore>(state: AppState<S>) -> Router {
         .route("/v1/workflows/{workflow_id}", get(ops::get_workflow::<S>))
         .route("/v1/workflows/{workflow_id}/retry", post(ops::retry_workflow::<S>))
         .route("/v1/workflows/{workflow_id}/cancel", post(ops::cancel_workflow::<S>))
+        .route("/v1/events", get(events::list_events::<S>))
+        .route("/v1/events/{event_id}", get(events::get_event::<S>))
+        .route("/v1/events/{event_id}/redeliver", post(events::redeliver::<S>))
+        .route("/v1/webhook-endpoints", post(webhooks::create_endpoint::<S>).get(webhooks::list_endpoints::<S>))
+        .route(
+            "/v1/webhook-endpoints/{endpoint_id}",
+            get(webhooks::get_endpoint::<S>)
+                .patch(webhooks::update_endpoint::<S>)
+                .delete(webhooks::delete_endpoint::<S>),
+        )
+        .route("/v1/webhook-endpoints/{endpoint_id}/rotate-secret", post(webhooks::rotate_secret::<S>))
+        .route("/v1/webhook-endpoints/{endpoint_id}/deliveries", get(webhooks::list_attempts::<S>))
         .route("/healthz", get(ops::healthz))
         .route("/readyz", get(ops::readyz::<S>))
         .route("/metrics", get(ops::metrics::<S>))

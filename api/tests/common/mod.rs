@@ -4,6 +4,7 @@
 
 pub mod channel;
 pub mod mq;
+pub mod webhooks;
 
 use std::sync::Arc;
 use std::time::Duration;

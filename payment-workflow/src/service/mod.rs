@@ -9,6 +9,7 @@ use onceflow_engine::{Engine, EngineConfig};
 
 use crate::channel::Channel;
 use crate::error::{Error, Result};
+use crate::events::{EventSettings, Events};
 use crate::model::{
     Currency, Order, OrderNo, OrderStatus, PaymentRecord, Problem, RequestNo, StoredResponse, Token, TokenRecord,
     TokenState, positive_amount,
@@ -61,11 +62,12 @@ impl PayResponse {
 pub struct Payments<S: PaymentStore> {
     engine: Engine<S>,
     retention: Retention,
+    events: Arc<EventSettings>,
 }
 
 impl<S: PaymentStore> Clone for Payments<S> {
     fn clone(&self) -> Self {
-        Self { engine: self.engine.clone(), retention: self.retention }
+        Self { engine: self.engine.clone(), retention: self.retention, events: self.events.clone() }
     }
 }
 
@@ -80,7 +82,19 @@ impl<S: PaymentStore> Payments<S> {
     /// end and retention passes measure ages.
     pub fn with_clock(store: S, channel: Arc<dyn Channel>, config: EngineConfig, clock: impl Clock) -> Self {
         let engine = Engine::builder(store).register(PaymentSaga::new(channel)).config(config).clock(clock).build();
-        Self { engine, retention: Retention::default() }
+        Self { engine, retention: Retention::default(), events: Arc::default() }
+    }
+
+    /// This service with `settings` for its merchant events (retention, where webhooks may go, the schedule).
+    #[must_use]
+    pub fn with_events(mut self, settings: EventSettings) -> Self {
+        self.events = Arc::new(settings);
+        self
+    }
+
+    /// The merchant events of this service: webhook endpoints, the event log, deliveries.
+    pub fn events(&self) -> Events<S> {
+        Events::new(self.engine.clone(), self.events.clone())
     }
 
     /// This service with `retention` (the token ttl, and what its retention passes keep).

@@ -19,6 +19,7 @@ mod standard;
 mod statement;
 
 pub use lock::PassLock;
+pub use statement::PhaseDialect;
 
 /// The tokens a retention pass deletes, each kind by the time its retention counts from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,11 +79,12 @@ fn engine_error(e: onceflow_engine::Error) -> sqlx::Error {
     }
 }
 
-/// A [`Store`] that also keeps orders, tokens and payment records.
+/// A [`Store`] that also keeps orders, tokens and payment records (and, as an [`crate::EventStore`], the
+/// merchant events their outcomes write).
 ///
 /// The saga's phases take the workflow's context: each backend runs them as it runs best, with the same steps,
 /// outputs and rows on every backend. Functions taking a connection run inside a step's transaction.
-pub trait PaymentStore: Store {
+pub trait PaymentStore: Store + crate::events::EventStore {
     /// Applies the engine's migrations, then the payment tables' (this crate's `migrations/<backend>/`).
     fn migrate_payments(&self) -> impl Future<Output = Result<(), onceflow_engine::Error>> + Send;
 

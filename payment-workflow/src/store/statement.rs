@@ -62,7 +62,7 @@ pub enum PhaseDialect {
 impl PhaseDialect {
     /// The phase's parts for the write `dml` (an `INSERT` or `UPDATE` of at most one row) named `name`, which
     /// later parts test with [`PhaseDialect::wrote`].
-    fn write(self, name: &str, dml: &str) -> Vec<String> {
+    pub fn write(self, name: &str, dml: &str) -> Vec<String> {
         match self {
             Self::Postgres => vec![format!("{name} AS ({dml} RETURNING 1)")],
             Self::Sqlite => {
@@ -72,7 +72,7 @@ impl PhaseDialect {
     }
 
     /// Whether the write `name` wrote its row (an SQL boolean).
-    fn wrote(self, name: &str) -> String {
+    pub fn wrote(self, name: &str) -> String {
         match self {
             Self::Postgres => format!("EXISTS (SELECT 1 FROM {name})"),
             Self::Sqlite => format!("EXISTS (SELECT 1 FROM {SQLITE_PHASE_FLAGS} WHERE flag = '{name}')"),

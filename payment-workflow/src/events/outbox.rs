@@ -1,0 +1,49 @@
+//! The outbox: an outcome's event written by the outcome's own commit, so that there is no outcome without its
+//! event and no event without its outcome, whatever crashes in between. Two forms, one per way a backend writes
+//! a saga's phase:
+//!
+//! - in a statement phase (Postgres, SQLite): [`phase_write`] appends one more write to the phase's SQL — on
+//!   Postgres one more data-modifying CTE of its single statement, on SQLite one more statement of its call —
+//!   made only when the phase's own condition holds (the outcome's write happened);
+//! - in a transaction (closure steps, every backend: MySQL's phases, any backend's compensations):
+//!   [`crate::EventStore::write_event`] on the step's connection.
+//!
+//! Either way the event's id is derived from its outcome ([`crate::NewEvent::id`]) and unique in the table, so
+//! a second write of one outcome makes no second event. The row is small (id, tenant, type, the data, a time)
+//! and nothing else is read or written in the outcome's commit: the dispatcher turns committed events into
+//! deliveries later, in the background.
+
+use onceflow_engine::phase::SqlArg;
+
+use super::model::NewEvent;
+use crate::store::PhaseDialect;
+
+/// The parts of a statement phase that write `event` when the SQL boolean `condition` holds, in dialect `d`;
+/// its values are appended to `args` (so the parts' parameters follow the phase's own). The write is named
+/// `p_event`: `d.wrote("p_event")` tells the parts after it (and the phase's guard or step outputs) whether it
+/// wrote — false both when `condition` did not hold and when the outcome's event exists.
+pub fn phase_write(d: PhaseDialect, event: &NewEvent, condition: &str, args: &mut Vec<SqlArg>) -> Vec<String> {
+    let first = args.len() + 1;
+    args.extend([
+        SqlArg::Text(event.id()),
+        SqlArg::Text(event.tenant.clone()),
+        SqlArg::Text(event.kind.as_str().to_owned()),
+        SqlArg::Text(event.data.clone()),
+        SqlArg::Int(event.created_at),
+        SqlArg::Text(event.traceparent.clone().unwrap_or_default()),
+    ]);
+    let p = |i: usize| format!("${}", first + i);
+    d.write(
+        "p_event",
+        &format!(
+            "INSERT INTO events (id, tenant, type, data, created_at, traceparent) \
+             SELECT {}, {}, {}, {}, {}, NULLIF({}, '') WHERE {condition} ON CONFLICT (id) DO NOTHING",
+            p(0),
+            p(1),
+            p(2),
+            p(3),
+            p(4),
+            p(5)
+        ),
+    )
+}
