@@ -11,7 +11,7 @@ use utoipa::{OpenApi, ToSchema};
 use onceflow_payments::{KEY_PATTERN, TOKEN_PATTERN};
 
 use crate::routes::views::WorkflowStateSchema;
-use crate::routes::{compat, ops, orders, payments, tokens};
+use crate::routes::{compat, notifications, ops, orders, payments, reconciliations, tokens};
 
 /// A problem (RFC 9457), the shape of every error.
 #[derive(Debug, Serialize, ToSchema)]
@@ -28,7 +28,7 @@ pub struct Problem {
     /// Stable, machine-readable: invalid_request, idempotency_key_missing, idempotency_key_invalid,
     /// idempotency_key_mismatch, token_not_found, order_not_found, order_conflict, order_not_payable,
     /// amount_mismatch, request_no_conflict, payment_declined, payment_not_found, workflow_not_found,
-    /// invalid_state, unauthorized, forbidden, not_found, method_not_allowed, payload_too_large, request_timeout,
+    /// invalid_state, notification_unverified, reconciliation_not_found, unauthorized, forbidden, not_found, method_not_allowed, payload_too_large, request_timeout,
     /// unsupported_media_type, unavailable, internal.
     pub code: String,
     /// With `payment_declined`: the channel's reason.
@@ -60,6 +60,8 @@ pub struct Problem {
         ops::readyz,
         ops::metrics,
         ops::openapi,
+        notifications::take,
+        reconciliations::list,
     ),
     components(schemas(Problem))
 )]

@@ -29,7 +29,9 @@ mod channel;
 mod error;
 mod invariants;
 mod model;
+mod notifications;
 mod payments;
+mod reconcile;
 mod retention;
 mod service;
 mod settings;
@@ -39,6 +41,10 @@ pub use channel::{
     Channel, ChannelError, Charge, ChargeRequest, ChargeStatus, Closed, HttpChannel, Ledger, LedgerCharge, MockChannel,
     MockChannelConfig, Refund, RefundRequest, RefundStatus, mock_channel_router,
 };
+pub use channel::{
+    DEFAULT_NOTIFY_SCHEDULE, EntryKind, Notification, Statement, StatementLine, StatementSource, signature,
+    with_notify_url,
+};
 pub use error::{Error, Result};
 pub use invariants::{Violation, check_invariants};
 pub use model::{
@@ -46,8 +52,15 @@ pub use model::{
     PaymentRequest, PaymentStatus, Problem, RequestNo, StoredResponse, TOKEN_PATTERN, Token, TokenRecord, TokenState,
     payment_workflow_id, positive_amount, problem,
 };
+pub use notifications::{ChannelAccounts, NotTaken, Taken, take_notification};
 pub use payments::PaymentSaga;
+pub use reconcile::{
+    Class, ReconcileError, ReconcileReport, ReconciledException, Reconciler, Reconciliation, reconciliations,
+};
 pub use retention::{BATCH as RETENTION_BATCH, PassReport};
 pub use service::{COMMAND_ROUTE, IssuedToken, PayResponse, Payments, TOKEN_TTL_MS};
 pub use settings::Retention;
-pub use store::{PassLock, PaymentStore, Reserve, ReserveSteps, TokenKind};
+pub use store::{
+    ChannelWord, ChannelWordStore, ExceptionRow, PassLock, PaymentStore, ReconciliationRow, Reserve, ReserveSteps,
+    StagedLine, StatementCopy, TokenKind,
+};

@@ -18,9 +18,11 @@ use crate::state::AppState;
 
 mod body;
 pub mod compat;
+pub mod notifications;
 pub mod ops;
 pub mod orders;
 pub mod payments;
+pub mod reconciliations;
 pub mod tokens;
 pub mod views;
 
@@ -44,6 +46,8 @@ pub fn app<S: PaymentStore>(state: AppState<S>) -> Router {
         .route("/v1/workflows/{workflow_id}", get(ops::get_workflow::<S>))
         .route("/v1/workflows/{workflow_id}/retry", post(ops::retry_workflow::<S>))
         .route("/v1/workflows/{workflow_id}/cancel", post(ops::cancel_workflow::<S>))
+        .route("/v1/channel/notifications", post(notifications::take::<S>))
+        .route("/v1/reconciliations", get(reconciliations::list::<S>))
         .route("/healthz", get(ops::healthz))
         .route("/readyz", get(ops::readyz::<S>))
         .route("/metrics", get(ops::metrics::<S>))

@@ -11,6 +11,7 @@ use crate::model::{
     Currency, Order, OrderNo, OrderStatus, PaymentRecord, PaymentStatus, RequestNo, StoredResponse, Token, TokenRecord,
 };
 
+mod channel_word;
 mod lock;
 mod mysql;
 mod postgres;
@@ -18,6 +19,7 @@ mod sqlite;
 mod standard;
 mod statement;
 
+pub use channel_word::{ChannelWord, ChannelWordStore, ExceptionRow, ReconciliationRow, StagedLine, StatementCopy};
 pub use lock::PassLock;
 
 /// The tokens a retention pass deletes, each kind by the time its retention counts from.
@@ -82,7 +84,7 @@ fn engine_error(e: onceflow_engine::Error) -> sqlx::Error {
 ///
 /// The saga's phases take the workflow's context: each backend runs them as it runs best, with the same steps,
 /// outputs and rows on every backend. Functions taking a connection run inside a step's transaction.
-pub trait PaymentStore: Store {
+pub trait PaymentStore: Store + ChannelWordStore {
     /// Applies the engine's migrations, then the payment tables' (this crate's `migrations/<backend>/`).
     fn migrate_payments(&self) -> impl Future<Output = Result<(), onceflow_engine::Error>> + Send;
 
