@@ -30,7 +30,7 @@ CREATE TABLE statement_copies (
     day        VARCHAR(10) NOT NULL,
     copy_id    VARCHAR(64) NOT NULL,
     complete   BIGINT NOT NULL,
-    lines      BIGINT NOT NULL,
+    line_count BIGINT NOT NULL,
     fetched_at BIGINT NOT NULL,
     PRIMARY KEY (tenant, day)
 ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;

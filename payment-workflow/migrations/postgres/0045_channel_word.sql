@@ -30,7 +30,7 @@ CREATE TABLE statement_copies (
     day        TEXT NOT NULL,
     copy_id    TEXT NOT NULL,
     complete   BIGINT NOT NULL,
-    lines      BIGINT NOT NULL,
+    line_count BIGINT NOT NULL,
     fetched_at BIGINT NOT NULL,
     PRIMARY KEY (tenant, day)
 );

@@ -434,7 +434,7 @@ impl<S: PaymentStore> Reconciler<S> {
             day: day_text.clone(),
             copy_id,
             complete: i64::from(statement.complete),
-            lines,
+            line_count: lines,
             fetched_at: self.now(),
         };
         store.set_copy(&copy).await?;

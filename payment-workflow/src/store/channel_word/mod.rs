@@ -72,8 +72,8 @@ pub struct StatementCopy {
     pub copy_id: String,
     /// 1 when the channel said the day was closed.
     pub complete: i64,
-    /// Entries in it (repeats counted once).
-    pub lines: i64,
+    /// Lines read (repeats included).
+    pub line_count: i64,
     /// When it was read (ms).
     pub fetched_at: i64,
 }

@@ -9,7 +9,7 @@ use crate::store::PassLock;
 pub(super) const INSERT_IGNORE: &str = "INSERT IGNORE INTO";
 pub(super) const IGNORE_SUFFIX: &str = "";
 pub(super) const UPSERT_COPY: &str = " ON DUPLICATE KEY UPDATE copy_id = VALUES(copy_id), complete = VALUES(complete), \
-     lines = VALUES(lines), fetched_at = VALUES(fetched_at)";
+     line_count = VALUES(line_count), fetched_at = VALUES(fetched_at)";
 pub(super) const UPSERT_RECONCILIATION: &str = " ON DUPLICATE KEY UPDATE run_id = VALUES(run_id), \
      state = VALUES(state), ran_at = VALUES(ran_at), counts = VALUES(counts)";
 pub(super) const DELETE_LINES: (&str, &str, &str) = ("DELETE FROM statement_lines WHERE copy_id = ", " LIMIT ", "");

@@ -7,7 +7,7 @@ use crate::store::PassLock;
 pub(super) const INSERT_IGNORE: &str = "INSERT INTO";
 pub(super) const IGNORE_SUFFIX: &str = " ON CONFLICT DO NOTHING";
 pub(super) const UPSERT_COPY: &str = " ON CONFLICT (tenant, day) DO UPDATE SET copy_id = excluded.copy_id, \
-     complete = excluded.complete, lines = excluded.lines, fetched_at = excluded.fetched_at";
+     complete = excluded.complete, line_count = excluded.line_count, fetched_at = excluded.fetched_at";
 pub(super) const UPSERT_RECONCILIATION: &str = " ON CONFLICT (tenant, day) DO UPDATE SET run_id = excluded.run_id, \
      state = excluded.state, ran_at = excluded.ran_at, counts = excluded.counts";
 /// A batch of a scratch id's lines: `(before the id, between id and limit, after the limit)`.

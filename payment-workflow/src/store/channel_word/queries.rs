@@ -87,14 +87,14 @@ macro_rules! channel_word_store {
 
             async fn set_copy(&self, c: &StatementCopy) -> Result<(), sqlx::Error> {
                 let mut q = QueryBuilder::<$db>::new(
-                    "INSERT INTO statement_copies (tenant, day, copy_id, complete, lines, fetched_at) VALUES (",
+                    "INSERT INTO statement_copies (tenant, day, copy_id, complete, line_count, fetched_at) VALUES (",
                 );
                 q.separated(", ")
                     .push_bind(c.tenant.clone())
                     .push_bind(c.day.clone())
                     .push_bind(c.copy_id.clone())
                     .push_bind(c.complete)
-                    .push_bind(c.lines)
+                    .push_bind(c.line_count)
                     .push_bind(c.fetched_at);
                 q.push(")").push(super::$dialect::UPSERT_COPY);
                 q.build().execute(self.write_pool()).await?;
