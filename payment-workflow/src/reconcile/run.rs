@@ -429,6 +429,7 @@ impl<S: PaymentStore> Reconciler<S> {
             }
         }
         store.stage_lines(&copy_id, &dedup(batch)).await?;
+        store.analyze_lines().await?;
         let copy = StatementCopy {
             tenant: tenant.to_owned(),
             day: day_text.clone(),

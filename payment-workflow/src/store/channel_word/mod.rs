@@ -140,6 +140,10 @@ pub trait ChannelWordStore: Store {
     ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
     /// Adds lines to a copy; a line whose (kind, number) the copy has is the same entry and is dropped.
     fn stage_lines(&self, copy_id: &str, lines: &[StagedLine]) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
+    /// Refreshes the planner's statistics of the statement lines after a copy was staged (Postgres: a
+    /// database without autovacuum, or one whose autovacuum has not come round yet, would otherwise plan the
+    /// batches' lookups as scans of a table it believes empty).
+    fn analyze_lines(&self) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
     /// Makes `copy` the (tenant, day)'s current copy, in one statement.
     fn set_copy(&self, copy: &StatementCopy) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
     /// The (tenant, day)'s current copy.

@@ -12,6 +12,8 @@ pub(super) const UPSERT_COPY: &str = " ON DUPLICATE KEY UPDATE copy_id = VALUES(
      line_count = VALUES(line_count), fetched_at = VALUES(fetched_at)";
 pub(super) const UPSERT_RECONCILIATION: &str = " ON DUPLICATE KEY UPDATE run_id = VALUES(run_id), \
      state = VALUES(state), ran_at = VALUES(ran_at), counts = VALUES(counts)";
+/// InnoDB samples its statistics itself as tables change.
+pub(super) const ANALYZE_LINES: Option<&str> = None;
 pub(super) const DELETE_LINES: (&str, &str, &str) = ("DELETE FROM statement_lines WHERE copy_id = ", " LIMIT ", "");
 pub(super) const DELETE_EXCEPTIONS: (&str, &str, &str) =
     ("DELETE FROM reconciliation_exceptions WHERE run_id = ", " LIMIT ", "");

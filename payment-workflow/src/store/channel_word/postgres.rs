@@ -10,6 +10,8 @@ pub(super) const UPSERT_COPY: &str = " ON CONFLICT (tenant, day) DO UPDATE SET c
      complete = excluded.complete, line_count = excluded.line_count, fetched_at = excluded.fetched_at";
 pub(super) const UPSERT_RECONCILIATION: &str = " ON CONFLICT (tenant, day) DO UPDATE SET run_id = excluded.run_id, \
      state = excluded.state, ran_at = excluded.ran_at, counts = excluded.counts";
+/// Statistics of the lines' table (a sample of it: cheap whatever its size).
+pub(super) const ANALYZE_LINES: Option<&str> = Some("ANALYZE statement_lines");
 /// A batch of a scratch id's lines: `(before the id, between id and limit, after the limit)`.
 pub(super) const DELETE_LINES: (&str, &str, &str) = (
     "DELETE FROM statement_lines WHERE (copy_id, kind, number) IN (SELECT copy_id, kind, number \

@@ -85,6 +85,13 @@ macro_rules! channel_word_store {
                 Ok(())
             }
 
+            async fn analyze_lines(&self) -> Result<(), sqlx::Error> {
+                if let Some(sql) = super::$dialect::ANALYZE_LINES {
+                    QueryBuilder::<$db>::new(sql).build().execute(self.pool()).await?;
+                }
+                Ok(())
+            }
+
             async fn set_copy(&self, c: &StatementCopy) -> Result<(), sqlx::Error> {
                 let mut q = QueryBuilder::<$db>::new(
                     "INSERT INTO statement_copies (tenant, day, copy_id, complete, line_count, fetched_at) VALUES (",

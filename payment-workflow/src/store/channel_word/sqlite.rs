@@ -4,6 +4,9 @@ use onceflow_engine::SqliteStore;
 
 use crate::store::PassLock;
 
+/// SQLite plans the lookups by the primary key without statistics.
+pub(super) const ANALYZE_LINES: Option<&str> = None;
+
 pub(super) use super::postgres::{
     DELETE_EXCEPTIONS, DELETE_LINES, IGNORE_SUFFIX, INSERT_IGNORE, UPSERT_COPY, UPSERT_RECONCILIATION,
 };
