@@ -147,6 +147,8 @@ fn complete_parameter(path: &str, param: &mut Value) {
         // The same enum as a workflow's `state` in the answers: one type for clients.
         "state" => json!({ "$ref": format!("#/components/schemas/{}", WorkflowStateSchema::name()) }),
         "limit" => json!({ "type": "integer", "format": "int64", "minimum": 1, "maximum": 1000 }),
+        // A UTC day (`GET /v1/reconciliations`).
+        "date" => json!({ "type": "string", "format": "date" }),
         _ => return,
     };
     param["schema"] = schema;

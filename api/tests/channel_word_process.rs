@@ -1,5 +1,6 @@
-//! Real `onceflow` processes killed (SIGKILL) while taking notifications and while reconciling, on every
-//! backend: every notification answered `204` before the kill is there after it, none is there twice once the
+//! The channel's loop through the real binaries (`mock-channel` notifying `serve`, `reconcile` reading the
+//! mock's statement), and real `onceflow` processes killed (SIGKILL) while taking notifications and while
+//! reconciling, on every backend: every notification answered `204` before the kill is there after it, none is there twice once the
 //! channel has sent them all again; a reconciliation killed mid-run leaves either no results or whole ones, and
 //! the run again finishes them without doubling the statement's word.
 
@@ -242,4 +243,90 @@ async fn scalar(url: &str, q: &'static str) -> i64 {
     } else {
         sqlx::query_scalar(q).fetch_one(&sqlx::SqlitePool::connect(url).await.unwrap()).await.unwrap()
     }
+}
+
+/// `onceflow` with `args`, killed however the test ends.
+fn spawn(args: &[&str]) -> Killed {
+    Killed(Command::new(ONCEFLOW).args(args).env("RUST_LOG", "warn").stdout(Stdio::null()).spawn().unwrap())
+}
+
+async fn up(base: &str, path: &str) {
+    let started = Instant::now();
+    while !reqwest::get(format!("{base}{path}")).await.is_ok_and(|r| r.status().as_u16() < 500) {
+        assert!(started.elapsed() < Duration::from_secs(30), "{base} did not come up");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The loop the README shows: the mock channel, told the merchant's secret, notifies `serve` (whose charges
+/// carry `notify_url` from `--public-url`) when a processing charge settles; `onceflow reconcile` then matches
+/// the mock's statement of the day (today's: partial, still growing) and prints it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_channel_loop_runs_through_the_binaries() {
+    let (mock, api) = (format!("127.0.0.1:{}", free_port()), format!("127.0.0.1:{}", free_port()));
+    let (mock_url, api_url) = (format!("http://{mock}"), format!("http://{api}"));
+    let db = common::database("sqlite").await.unwrap();
+    let _mock = spawn(&[
+        "mock-channel",
+        "--listen",
+        &mock,
+        "--processing-rate",
+        "1",
+        "--settle-ms",
+        "500",
+        "--notify-secret",
+        "default=whsec_demo",
+        "--notify-schedule",
+        "200ms,1s,5s",
+    ]);
+    let _serve = spawn(&[
+        "serve",
+        "--listen",
+        &api,
+        "--database-url",
+        &db,
+        "--channel-url",
+        &mock_url,
+        "--public-url",
+        &api_url,
+        "--channel-notify-secrets",
+        "default:whsec_demo",
+    ]);
+    up(&mock_url, "/v1/ledger").await;
+    up(&api_url, "/healthz").await;
+    let app = common::App { base: api_url.clone(), client: reqwest::Client::new(), key: None };
+    app.order("O-1", 1000).await;
+    let token = app.token().await;
+    let paid = app
+        .send(
+            reqwest::Method::POST,
+            "/v1/payments",
+            &[("idempotency-key", &token), ("prefer", "wait=0")],
+            Some(json!({"order_no": "O-1", "amount": 1000, "currency": "CNY", "request_no": "R-1"})),
+        )
+        .await;
+    assert_eq!(paid.status, 202, "{}", paid.text);
+    let started = Instant::now();
+    while recorded(&db).await.is_empty() {
+        assert!(started.elapsed() < Duration::from_secs(15), "the mock's notification was not recorded");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(recorded(&db).await, ["ntf_ch_00000001"]);
+    while app.get("/v1/payments/R-1").await.json()["status"] != "succeeded" {
+        assert!(started.elapsed() < Duration::from_secs(30), "the payment did not succeed");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let today = chrono::Utc::now().date_naive().to_string();
+    let out = Command::new(ONCEFLOW)
+        .args(["reconcile", "--date", &today, "--database-url", &db, "--channel-url", &mock_url])
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap();
+    let printed = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{printed}");
+    assert!(printed.starts_with(&format!("default {today} partial")), "{printed}");
+    assert!(printed.contains("matched             1"), "{printed}");
+    let shown = app.get(&format!("/v1/reconciliations?date={today}")).await;
+    assert_eq!(shown.status, 200, "{}", shown.text);
+    assert_eq!(shown.json()["reconciliations"][0]["counts"]["matched"], 1);
 }
