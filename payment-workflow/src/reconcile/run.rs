@@ -171,14 +171,16 @@ impl<S: PaymentStore> Reconciler<S> {
         let mut counts: BTreeMap<Class, u64> = BTreeMap::new();
         let mut complete = copy.complete == 1;
 
-        // 1. Every line of the day's statement, in batches of the copy's key order.
-        let mut after = (String::new(), String::new());
-        loop {
-            let lines = store.lines_after(&copy.copy_id, (&after.0, &after.1), BATCH as i64).await?;
-            let Some(last) = lines.last() else { break };
-            after = (last.kind.clone(), last.number.clone());
-            let exceptions = self.match_lines(tenant, day, &copy, &mut around, &lines, &mut counts).await?;
-            store.insert_exceptions(&run_id, &exceptions).await?;
+        // 1. Every line of the day's statement, in batches of the copy's key order (charges, then refunds).
+        for kind in [EntryKind::Charge, EntryKind::Refund] {
+            let mut after = String::new();
+            loop {
+                let lines = store.lines_after(&copy.copy_id, kind.as_str(), &after, BATCH as i64).await?;
+                let Some(last) = lines.last() else { break };
+                after = last.number.clone();
+                let exceptions = self.match_lines(tenant, day, &copy, &mut around, &lines, &mut counts).await?;
+                store.insert_exceptions(&run_id, &exceptions).await?;
+            }
         }
 
         // 2. Every final outcome of ours that day with no line in it: looked for across midnight first.

@@ -152,11 +152,14 @@ pub trait ChannelWordStore: Store {
         tenant: &str,
         day: &str,
     ) -> impl Future<Output = Result<Option<StatementCopy>, sqlx::Error>> + Send;
-    /// The copy's lines after `(kind, number)`, in that order, at most `limit`.
+    /// The copy's lines of `kind` after `number`, in number order, at most `limit`: one range of the primary key
+    /// per batch (a condition over both columns, `kind > … OR (kind = … AND number > …)`, is no range to every
+    /// planner, and made a day of a million lines quadratic).
     fn lines_after(
         &self,
         copy_id: &str,
-        after: (&str, &str),
+        kind: &str,
+        number: &str,
         limit: i64,
     ) -> impl Future<Output = Result<Vec<StagedLine>, sqlx::Error>> + Send;
     /// The copy's lines of `kind` among `numbers`.

@@ -117,16 +117,17 @@ macro_rules! channel_word_store {
             async fn lines_after(
                 &self,
                 copy_id: &str,
-                after: (&str, &str),
+                kind: &str,
+                number: &str,
                 limit: i64,
             ) -> Result<Vec<StagedLine>, sqlx::Error> {
                 // Keyset over the primary key (copy_id, kind, number): each batch one range of it.
                 let mut q = QueryBuilder::<$db>::new(
                     "SELECT kind, number, status, amount, line FROM statement_lines WHERE copy_id = ",
                 );
-                q.push_bind(copy_id.to_owned()).push(" AND (kind > ").push_bind(after.0.to_owned());
-                q.push(" OR (kind = ").push_bind(after.0.to_owned()).push(" AND number > ");
-                q.push_bind(after.1.to_owned()).push(")) ORDER BY kind, number LIMIT ").push_bind(limit);
+                q.push_bind(copy_id.to_owned()).push(" AND kind = ").push_bind(kind.to_owned());
+                q.push(" AND number > ").push_bind(number.to_owned());
+                q.push(" ORDER BY number LIMIT ").push_bind(limit);
                 q.build_query_as().fetch_all(self.pool()).await
             }
 
