@@ -169,10 +169,11 @@ struct State {
     refund_calls: u64,
 }
 
-/// When something settles `after` from now, on both clocks.
-fn settling(after: Duration) -> (Instant, chrono::DateTime<chrono::Utc>) {
+/// When something settles `after` `now`, on both clocks. The instant is `now`'s own, not read again: an answer
+/// viewed at `now` must see a charge that settles at once as settled.
+fn settling(now: Instant, after: Duration) -> (Instant, chrono::DateTime<chrono::Utc>) {
     let wall = chrono::Utc::now() + chrono::Duration::from_std(after).unwrap_or_default();
-    (Instant::now() + after, wall)
+    (now + after, wall)
 }
 
 impl State {
@@ -365,7 +366,7 @@ impl MockChannel {
         let processing = state.roll() < self.config.processing_rate;
         state.next_id += 1;
         let (settles_at, settled_at) =
-            settling(if processing { Duration::from_millis(self.config.settle_ms) } else { Duration::ZERO });
+            settling(now, if processing { Duration::from_millis(self.config.settle_ms) } else { Duration::ZERO });
         let stored = StoredCharge {
             request: request.clone(),
             charge_id: format!("ch_{:08}", state.next_id),
@@ -455,7 +456,7 @@ impl MockChannel {
         let processing = state.roll() < self.config.refund_processing_rate;
         state.next_id += 1;
         let (settles_at, settled_at) =
-            settling(if processing { Duration::from_millis(self.config.settle_ms) } else { Duration::ZERO });
+            settling(now, if processing { Duration::from_millis(self.config.settle_ms) } else { Duration::ZERO });
         let stored = StoredRefund {
             request: request.clone(),
             refund_id: format!("re_{:08}", state.next_id),
@@ -560,5 +561,30 @@ impl Channel for MockChannel {
 
     async fn statement(&self, merchant_id: &str, day: chrono::NaiveDate) -> Result<Option<Statement>, ChannelError> {
         Ok(self.statement_of(merchant_id, day))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_charge_that_settles_at_once_is_answered_settled() {
+        let mock = MockChannel::reliable();
+        let request = ChargeRequest {
+            merchant_id: "m".into(),
+            merchant_request_no: "R-1".into(),
+            order_no: "O-1".into(),
+            amount: 100,
+            currency: "CNY".into(),
+            notify_url: None,
+        };
+        for _ in 0..100 {
+            let request = ChargeRequest { merchant_request_no: uuid::Uuid::new_v4().to_string(), ..request.clone() };
+            assert_eq!(mock.charge(&request).await.unwrap().status, ChargeStatus::Succeeded);
+        }
+        let repeat = ChargeRequest { notify_url: Some("http://x".into()), ..request.clone() };
+        mock.charge(&request).await.unwrap();
+        assert_eq!(mock.charge(&repeat).await.unwrap().status, ChargeStatus::Succeeded, "notify_url is no new field");
     }
 }
