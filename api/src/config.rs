@@ -50,6 +50,9 @@ pub enum Command {
     /// Read the event log, send an event again.
     #[command(subcommand)]
     Events(EventsCommand),
+    /// Match a day's channel statement against payments and refunds; print the counts per class and the
+    /// exceptions (exit 0: exceptions are findings, not failures).
+    Reconcile(ReconcileArgs),
 }
 
 /// Where the database is.
@@ -164,6 +167,10 @@ pub struct ServeArgs {
     /// Merchant events and webhooks.
     #[command(flatten)]
     pub events: EventArgs,
+    /// The channel's word: where it reaches this service, its notification secrets, the tenants' merchant ids,
+    /// and when the day is reconciled.
+    #[command(flatten)]
+    pub channel_word: ChannelWordArgs,
 }
 
 /// Merchant events and their webhooks (contracts/events.md).
@@ -245,6 +252,91 @@ pub enum EventsCommand {
     },
 }
 
+/// The channel's notifications and statements (`contracts/cli.md`).
+#[derive(Debug, Clone, Args)]
+pub struct ChannelWordArgs {
+    /// The URL at which the channel reaches this service: charges and refunds then carry
+    /// `notify_url = <public-url>/v1/channel/notifications`.
+    #[arg(long, env = "ONCEFLOW_PUBLIC_URL")]
+    pub public_url: Option<String>,
+    /// `merchant:secret,…`: the secrets the channel signs notifications with, per channel merchant id (a
+    /// merchant named twice: both are accepted, for a rotation).
+    #[arg(long, env = "ONCEFLOW_CHANNEL_NOTIFY_SECRETS")]
+    pub channel_notify_secrets: Option<String>,
+    /// `tenant:merchant_id,…`: each tenant's channel merchant id (by default the tenant's name).
+    #[arg(long, env = "ONCEFLOW_CHANNEL_MERCHANTS")]
+    pub channel_merchants: Option<String>,
+    /// `serve` and `worker` reconcile the previous UTC day once a day at this UTC time (`HH:MM`), one process at
+    /// a time, and the days still partial again, hourly, until they are complete.
+    #[arg(long, env = "ONCEFLOW_RECONCILE_AT", default_value = "09:30", value_parser = parse_time_of_day)]
+    pub reconcile_at: chrono::NaiveTime,
+}
+
+impl ChannelWordArgs {
+    /// The merchants and their secrets, as the service takes them.
+    pub fn accounts(&self) -> Result<onceflow_payments::ChannelAccounts, ConfigError> {
+        let merchants = match &self.channel_merchants {
+            Some(raw) => parse_pairs(raw, ':', "--channel-merchants", "tenant:merchant_id")?,
+            None => Vec::new(),
+        };
+        let secrets = match &self.channel_notify_secrets {
+            Some(raw) => parse_pairs(raw, ':', "--channel-notify-secrets", "merchant:secret")?,
+            None => Vec::new(),
+        };
+        Ok(onceflow_payments::ChannelAccounts::new(merchants, secrets))
+    }
+
+    /// `<public-url>/v1/channel/notifications`, when `--public-url` is set.
+    pub fn notify_url(&self) -> Result<Option<String>, ConfigError> {
+        let Some(url) = &self.public_url else { return Ok(None) };
+        if !(url.starts_with("http://") || url.starts_with("https://")) {
+            return Err(ConfigError(format!("--public-url must be an http(s) URL (got `{url}`)")));
+        }
+        Ok(Some(format!("{}/v1/channel/notifications", url.trim_end_matches('/'))))
+    }
+}
+
+/// `reconcile`: the day, whose, and where the statements and records are.
+#[derive(Debug, Clone, Args)]
+pub struct ReconcileArgs {
+    /// The database.
+    #[command(flatten)]
+    pub database: DatabaseArgs,
+    /// The UTC day, `YYYY-MM-DD`.
+    #[arg(long, env = "ONCEFLOW_DATE")]
+    pub date: chrono::NaiveDate,
+    /// Only this tenant (by default every tenant of `--channel-merchants`, or of `--api-keys`, or `default`).
+    #[arg(long, env = "ONCEFLOW_TENANT")]
+    pub tenant: Option<String>,
+    /// Base URL of the channel whose statements are read, or `mock` for an in-process mock (with nothing in it).
+    #[arg(long, env = "ONCEFLOW_CHANNEL_URL")]
+    pub channel_url: String,
+    /// `tenant:merchant_id,…`: each tenant's channel merchant id (by default the tenant's name).
+    #[arg(long, env = "ONCEFLOW_CHANNEL_MERCHANTS")]
+    pub channel_merchants: Option<String>,
+    /// `tenant:key,…`: read only for the tenants' names (the tenants reconciled when neither `--tenant` nor
+    /// `--channel-merchants` says).
+    #[arg(long, env = "ONCEFLOW_API_KEYS")]
+    pub api_keys: Option<String>,
+}
+
+/// Parses a UTC time of day written `HH:MM`.
+pub fn parse_time_of_day(raw: &str) -> Result<chrono::NaiveTime, String> {
+    chrono::NaiveTime::parse_from_str(raw, "%H:%M").map_err(|_| format!("`{raw}` is not a time like 09:30 (UTC)"))
+}
+
+/// Parses `a<sep>b,a<sep>b` into pairs (both sides non-empty); `flag` and `shape` name them in the error.
+pub fn parse_pairs(raw: &str, sep: char, flag: &str, shape: &str) -> Result<Vec<(String, String)>, ConfigError> {
+    raw.split(',')
+        .filter(|s| !s.trim().is_empty())
+        .map(|pair| match pair.trim().split_once(sep) {
+            Some((a, b)) if !a.is_empty() && !b.is_empty() => Ok((a.to_owned(), b.to_owned())),
+            // The pair itself is not echoed: it may be a secret.
+            _ => Err(ConfigError(format!("{flag}: each entry must be {shape}"))),
+        })
+        .collect()
+}
+
 /// `consume`: the database, channel and lease flags of `serve` (its `--listen` and `--api-keys` are not
 /// used), plus the broker's.
 #[derive(Debug, Clone, Args)]
@@ -314,6 +406,14 @@ pub struct MockChannelArgs {
     /// Seed of the fault dice.
     #[arg(long, env = "ONCEFLOW_SEED", default_value_t = 1)]
     pub seed: u64,
+    /// `merchant=secret`, repeatable (or comma-separated in the environment): sign the notifications sent to a
+    /// request's `notify_url` with this secret (a merchant named twice: signed with both, as in a rotation).
+    #[arg(long, env = "ONCEFLOW_NOTIFY_SECRET", value_delimiter = ',')]
+    pub notify_secret: Vec<String>,
+    /// The waits between a notification's attempts, e.g. `200ms,1s,5s` (by default the contract's 15 s, 1 min,
+    /// 5 min, 30 min, 2 h, 6 h, then every 6 h for 24 h).
+    #[arg(long, env = "ONCEFLOW_NOTIFY_SCHEDULE", value_delimiter = ',', value_parser = parse_duration)]
+    pub notify_schedule: Vec<Duration>,
 }
 
 /// `workflows …`.

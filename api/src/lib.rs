@@ -30,6 +30,7 @@ mod gc;
 pub mod metrics;
 mod openapi;
 mod operate;
+mod reconcile;
 mod routes;
 mod run;
 mod server;

@@ -58,4 +58,17 @@ fn describe() {
         ::metrics::Unit::Seconds,
         "When this process last finished a retention pass (Unix time; passes run in one process at a time)"
     );
+    ::metrics::describe_gauge!(
+        "onceflow_reconciliation_exceptions",
+        "Exceptions of the last reconciliation of a day, by tenant and class (every class but matched)"
+    );
+    ::metrics::describe_gauge!(
+        "onceflow_reconciliation_last_run_timestamp_seconds",
+        ::metrics::Unit::Seconds,
+        "When this process last ran a reconciliation (Unix time; one process at a time runs one)"
+    );
+    ::metrics::describe_counter!(
+        "onceflow_channel_notifications_total",
+        "Channel notifications taken, by outcome (recorded, duplicate, unverified, invalid)"
+    );
 }

@@ -11,7 +11,7 @@ use utoipa::{OpenApi, ToSchema};
 use onceflow_payments::{KEY_PATTERN, TOKEN_PATTERN};
 
 use crate::routes::views::WorkflowStateSchema;
-use crate::routes::{compat, events, ops, orders, payments, tokens, webhooks};
+use crate::routes::{compat, events, notifications, ops, orders, payments, reconciliations, tokens, webhooks};
 
 /// A problem (RFC 9457), the shape of every error.
 #[derive(Debug, Serialize, ToSchema)]
@@ -30,6 +30,7 @@ pub struct Problem {
     /// amount_mismatch, request_no_conflict, payment_declined, payment_not_found, workflow_not_found,
     /// invalid_state, event_not_found, endpoint_not_found, endpoint_disabled, endpoint_limit, webhook_url_refused,
     /// cursor_expired, unauthorized, forbidden, not_found, method_not_allowed, payload_too_large, request_timeout,
+    /// invalid_state, notification_unverified, reconciliation_not_found, unauthorized, forbidden, not_found, method_not_allowed, payload_too_large, request_timeout,
     /// unsupported_media_type, unavailable, internal.
     pub code: String,
     /// With `payment_declined`: the channel's reason.
@@ -71,6 +72,8 @@ pub struct Problem {
         webhooks::delete_endpoint,
         webhooks::rotate_secret,
         webhooks::list_attempts,
+        notifications::take,
+        reconciliations::list,
     ),
     components(schemas(Problem))
 )]
@@ -156,6 +159,8 @@ fn complete_parameter(path: &str, param: &mut Value) {
         // The same enum as a workflow's `state` in the answers: one type for clients.
         "state" => json!({ "$ref": format!("#/components/schemas/{}", WorkflowStateSchema::name()) }),
         "limit" => json!({ "type": "integer", "format": "int64", "minimum": 1, "maximum": 1000 }),
+        // A UTC day (`GET /v1/reconciliations`).
+        "date" => json!({ "type": "string", "format": "date" }),
         _ => return,
     };
     param["schema"] = schema;

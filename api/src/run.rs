@@ -30,6 +30,7 @@ pub async fn run(command: Command) -> ExitCode {
         Command::MockChannel(args) => mock_channel(args).await,
         Command::Workflows(cmd) => workflows(cmd).await,
         Command::Events(cmd) => crate::events::run(cmd).await.map_err(Failure::from_events),
+        Command::Reconcile(args) => crate::reconcile::run(args).await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -44,7 +45,7 @@ pub async fn run(command: Command) -> ExitCode {
     }
 }
 
-enum Failure {
+pub(crate) enum Failure {
     Config(ConfigError),
     Other(anyhow::Error),
 }
@@ -107,10 +108,27 @@ fn channel(args: &ServeArgs) -> Result<Arc<dyn Channel>, ConfigError> {
     }
 }
 
+/// The channel, its charges and refunds carrying `notify_url` when `--public-url` is set.
+fn notifying_channel(args: &ServeArgs) -> Result<Arc<dyn Channel>, ConfigError> {
+    let channel = channel(args)?;
+    Ok(match args.channel_word.notify_url()? {
+        Some(url) => onceflow_payments::with_notify_url(channel, url),
+        None => channel,
+    })
+}
+
 /// Runs `task` on the payment service `serve`, `worker` and `consume` configure: their database, channel and
 /// lease.
 async fn with_service<T: OnPayments>(args: &ServeArgs, task: T) -> Result<T::Output, ConfigError> {
-    let channel = channel(args)?;
+    with_service_on(args, notifying_channel(args)?, task).await
+}
+
+/// [`with_service`] charging `channel`.
+async fn with_service_on<T: OnPayments>(
+    args: &ServeArgs,
+    channel: Arc<dyn Channel>,
+    task: T,
+) -> Result<T::Output, ConfigError> {
     let config = EngineConfig { lease: Duration::from_millis(args.lease_ms.max(100)), ..EngineConfig::default() };
     with_payments(&args.database.database_url, channel, config, args.db_max_connections, task).await
 }
@@ -139,7 +157,20 @@ async fn serve(args: ServeArgs, http: bool) -> Result<(), Failure> {
         ))
         .into());
     }
-    with_service(&args, Serve { args: args.clone(), auth, http }).await?
+    let accounts = args.channel_word.accounts()?;
+    let mut tenants = match &args.api_keys {
+        Some(raw) => parse_api_keys(raw)?.into_iter().map(|(tenant, _)| tenant).collect(),
+        None => vec![crate::state::DEFAULT_TENANT.to_owned()],
+    };
+    if let Some(raw) = &args.channel_word.channel_merchants {
+        let mapped = crate::config::parse_pairs(raw, ':', "--channel-merchants", "tenant:merchant_id")?;
+        tenants.extend(mapped.into_iter().map(|(tenant, _)| tenant));
+    }
+    tenants.sort();
+    tenants.dedup();
+    let channel = notifying_channel(&args)?;
+    let task = Serve { args: args.clone(), auth, http, channel: channel.clone(), accounts, tenants };
+    with_service_on(&args, channel, task).await?
 }
 
 /// `serve` (with `http`) or `worker`, on the service once it is connected.
@@ -147,18 +178,26 @@ struct Serve {
     args: ServeArgs,
     auth: Auth,
     http: bool,
+    /// The channel charged, whose statements are reconciled.
+    channel: Arc<dyn Channel>,
+    /// The tenants' merchant ids and the notification secrets.
+    accounts: onceflow_payments::ChannelAccounts,
+    /// The tenants reconciled.
+    tenants: Vec<String>,
 }
 
 impl OnPayments for Serve {
     type Output = Result<(), Failure>;
 
     async fn run<S: PaymentStore>(self, payments: Payments<S>) -> Self::Output {
-        let Self { args, auth, http } = self;
+        let Self { args, auth, http, channel, accounts, tenants } = self;
         let payments = payments.with_retention(args.retention.retention()).with_events(args.events.settings());
         let background = payments.engine().spawn_background();
         let retention = payments.spawn_retention(args.gc_interval);
         // Webhook deliveries (contracts/events.md): the dispatcher and the attempts, in `serve` and `worker`.
         let deliveries = payments.events().spawn();
+        let reconciler = onceflow_payments::Reconciler::new(payments.clone(), channel, accounts.clone(), tenants);
+        let reconciling = reconciler.spawn_daily(args.channel_word.reconcile_at);
         let unresolved = spawn_unresolved_warnings(payments.clone(), args.unresolved_warn);
         if http {
             crate::metrics::install();
@@ -176,7 +215,8 @@ impl OnPayments for Serve {
                 header_read_timeout: args.header_read_timeout,
                 max_connections: usize::try_from(args.max_connections).unwrap_or(usize::MAX),
             };
-            crate::server::serve(listener, crate::routes::app(state), limits, shutdown_signal()).await?;
+            let app = crate::routes::app(state).layer(axum::Extension(Arc::new(accounts)));
+            crate::server::serve(listener, app, limits, shutdown_signal()).await?;
         } else {
             tracing::info!("worker running");
             shutdown_signal().await;
@@ -188,6 +228,7 @@ impl OnPayments for Serve {
         retention.abort();
         // An attempt in flight is dropped: its lease expires and a process sends it again, with the same id.
         deliveries.abort();
+        reconciling.abort();
         Ok(())
     }
 }
@@ -335,6 +376,15 @@ async fn mock_channel(args: MockChannelArgs) -> Result<(), Failure> {
         refund_processing_rate: args.refund_processing_rate,
         refund_error_after_rate: args.refund_error_after_rate,
         seed: args.seed,
+        notify_secrets: args
+            .notify_secret
+            .iter()
+            .map(|pair| crate::config::parse_pairs(pair, '=', "--notify-secret", "merchant=secret"))
+            .collect::<Result<Vec<_>, _>>()?
+            .into_iter()
+            .flatten()
+            .collect(),
+        notify_schedule: args.notify_schedule.clone(),
     });
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await

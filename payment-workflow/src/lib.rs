@@ -30,7 +30,9 @@ mod error;
 pub mod events;
 mod invariants;
 mod model;
+mod notifications;
 mod payments;
+mod reconcile;
 mod retention;
 mod service;
 mod settings;
@@ -40,6 +42,10 @@ pub use channel::{
     Channel, ChannelError, Charge, ChargeRequest, ChargeStatus, Closed, HttpChannel, Ledger, LedgerCharge, MockChannel,
     MockChannelConfig, Refund, RefundRequest, RefundStatus, mock_channel_router,
 };
+pub use channel::{
+    DEFAULT_NOTIFY_SCHEDULE, EntryKind, Notification, Statement, StatementLine, StatementSource, signature,
+    with_notify_url,
+};
 pub use error::{Error, Result};
 pub use events::{EventSettings, EventStore, EventType, Events, NewEvent};
 pub use invariants::{Violation, check_invariants};
@@ -48,8 +54,15 @@ pub use model::{
     PaymentRequest, PaymentStatus, Problem, RequestNo, StoredResponse, TOKEN_PATTERN, Token, TokenRecord, TokenState,
     payment_workflow_id, positive_amount, problem,
 };
+pub use notifications::{ChannelAccounts, NotTaken, Taken, take_notification};
 pub use payments::PaymentSaga;
+pub use reconcile::{
+    Class, ReconcileError, ReconcileReport, ReconciledException, Reconciler, Reconciliation, reconciliations,
+};
 pub use retention::{BATCH as RETENTION_BATCH, PassReport};
 pub use service::{COMMAND_ROUTE, IssuedToken, PayResponse, Payments, TOKEN_TTL_MS};
 pub use settings::Retention;
-pub use store::{PassLock, PaymentStore, PhaseDialect, Reserve, ReserveSteps, TokenKind};
+pub use store::{
+    ChannelWord, ChannelWordStore, ExceptionRow, PassLock, PaymentStore, PhaseDialect, ReconciliationRow, Reserve,
+    ReserveSteps, StagedLine, StatementCopy, TokenKind,
+};

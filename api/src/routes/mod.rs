@@ -19,9 +19,11 @@ use crate::state::AppState;
 mod body;
 pub mod compat;
 pub mod events;
+pub mod notifications;
 pub mod ops;
 pub mod orders;
 pub mod payments;
+pub mod reconciliations;
 pub mod tokens;
 pub mod views;
 pub mod webhooks;
@@ -58,6 +60,8 @@ pub fn app<S: PaymentStore>(state: AppState<S>) -> Router {
         )
         .route("/v1/webhook-endpoints/{endpoint_id}/rotate-secret", post(webhooks::rotate_secret::<S>))
         .route("/v1/webhook-endpoints/{endpoint_id}/deliveries", get(webhooks::list_attempts::<S>))
+        .route("/v1/channel/notifications", post(notifications::take::<S>))
+        .route("/v1/reconciliations", get(reconciliations::list::<S>))
         .route("/healthz", get(ops::healthz))
         .route("/readyz", get(ops::readyz::<S>))
         .route("/metrics", get(ops::metrics::<S>))

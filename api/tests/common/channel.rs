@@ -78,6 +78,8 @@ pub struct TestChannel {
     busy: bool,
     closeless: bool,
     pub url: String,
+    /// The statements it serves (`channel_word.rs`).
+    pub statements: super::channel_word::Statements,
 }
 
 impl TestChannel {
@@ -99,12 +101,14 @@ impl TestChannel {
     async fn serve_with(hold: Duration, mixed: bool, busy: bool, closeless: bool) -> Self {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
-        let channel = Self { book: Arc::default(), hold, mixed, busy, closeless, url };
+        let statements = super::channel_word::Statements::default();
+        let channel = Self { book: Arc::default(), hold, mixed, busy, closeless, url, statements };
         let app = Router::new()
             .route("/v1/charges", post(charge))
             .route("/v1/charges/{no}", get(query))
             .route("/v1/charges/{no}/close", post(close))
             .route("/v1/refunds", post(refund))
+            .route("/v1/statements/{date}", get(super::channel_word::statement))
             .with_state(channel.clone());
         tokio::spawn(axum::serve(listener, app).into_future());
         channel

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod channel;
+pub mod channel_word;
 pub mod mq;
 pub mod webhooks;
 

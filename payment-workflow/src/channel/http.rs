@@ -85,4 +85,12 @@ impl Channel for HttpChannel {
         let sent = self.client.post(format!("{}/v1/refunds", self.base)).json(request);
         self.send(sent).await?.ok_or_else(|| ChannelError::Unknown("refund answered 404".into()))
     }
+
+    async fn statement(
+        &self,
+        merchant_id: &str,
+        day: chrono::NaiveDate,
+    ) -> Result<Option<super::Statement>, ChannelError> {
+        super::statement::fetch(&self.client, &self.base, merchant_id, day).await
+    }
 }

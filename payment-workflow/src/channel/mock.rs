@@ -7,7 +7,11 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use super::{Channel, ChannelError, Charge, ChargeRequest, ChargeStatus, Closed, Refund, RefundRequest, RefundStatus};
+use super::mock_notify::{self, Pending};
+use super::{
+    Channel, ChannelError, Charge, ChargeRequest, ChargeStatus, Closed, EntryKind, Refund, RefundRequest, RefundStatus,
+    Statement, StatementLine,
+};
 
 /// A merchant and one of its numbers: what the channel keeps apart.
 type Key = (String, String);
@@ -42,6 +46,12 @@ pub struct MockChannelConfig {
     pub refund_error_after_rate: f64,
     /// Seed of the fault dice, for reproducible runs.
     pub seed: u64,
+    /// `(merchant_id, secret)`: the secrets notifications are signed with (`--notify-secret`); a merchant with
+    /// several is signed with each (a rotation). A merchant with none gets no notifications.
+    pub notify_secrets: Vec<(String, String)>,
+    /// The waits between a notification's attempts (`--notify-schedule`); empty: the contract's
+    /// ([`super::DEFAULT_NOTIFY_SCHEDULE`]).
+    pub notify_schedule: Vec<Duration>,
 }
 
 /// What happens to one charge request besides its answer.
@@ -62,6 +72,8 @@ struct StoredRefund {
     /// What the refund becomes once settled.
     outcome: RefundStatus,
     settles_at: Instant,
+    /// The same moment on the wall clock: the day of the statement it is in.
+    settled_at: chrono::DateTime<chrono::Utc>,
 }
 
 impl StoredRefund {
@@ -85,6 +97,8 @@ struct StoredCharge {
     outcome: ChargeStatus,
     decline_code: Option<String>,
     settles_at: Instant,
+    /// The same moment on the wall clock: the day of the statement it is in.
+    settled_at: chrono::DateTime<chrono::Utc>,
 }
 
 /// Everything the channel has done, for tests and the chaos run.
@@ -100,6 +114,8 @@ pub struct Ledger {
     pub query_calls: u64,
     /// Refund requests received.
     pub refund_calls: u64,
+    /// Notification attempts sent (resends included).
+    pub notifications_sent: u64,
 }
 
 /// A charge in the ledger.
@@ -153,6 +169,13 @@ struct State {
     refund_calls: u64,
 }
 
+/// When something settles `after` `now`, on both clocks. The instant is `now`'s own, not read again: an answer
+/// viewed at `now` must see a charge that settles at once as settled.
+fn settling(now: Instant, after: Duration) -> (Instant, chrono::DateTime<chrono::Utc>) {
+    let wall = chrono::Utc::now() + chrono::Duration::from_std(after).unwrap_or_default();
+    (now + after, wall)
+}
+
 impl State {
     /// splitmix64: a few lines of seeded dice, enough for fault injection.
     fn roll(&mut self) -> f64 {
@@ -184,18 +207,20 @@ impl State {
 pub struct MockChannel {
     config: Arc<MockChannelConfig>,
     state: Arc<Mutex<State>>,
+    /// Notification attempts sent.
+    sent: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl MockChannel {
     /// A mock channel with these faults.
     pub fn new(config: MockChannelConfig) -> Self {
         let state = State { rng: config.seed, ..State::default() };
-        Self { config: Arc::new(config), state: Arc::new(Mutex::new(state)) }
+        Self { config: Arc::new(config), state: Arc::new(Mutex::new(state)), sent: Arc::default() }
     }
 
     /// The same channel (one ledger) answering with other faults from now on.
     pub fn with_config(&self, config: MockChannelConfig) -> Self {
-        Self { config: Arc::new(config), state: self.state.clone() }
+        Self { config: Arc::new(config), state: self.state.clone(), sent: self.sent.clone() }
     }
 
     /// A mock channel without faults.
@@ -247,6 +272,7 @@ impl MockChannel {
             charge_calls: state.charge_calls,
             query_calls: state.query_calls,
             refund_calls: state.refund_calls,
+            notifications_sent: self.sent.load(std::sync::atomic::Ordering::Relaxed),
         }
     }
 
@@ -265,6 +291,40 @@ impl MockChannel {
         if self.config.hold_ms > 0 {
             tokio::time::sleep(Duration::from_millis(self.config.hold_ms)).await;
         }
+        let (answer, fault, pending) = self.record_charge(request);
+        if let Some(pending) = pending {
+            self.notify(pending);
+        }
+        (answer, fault)
+    }
+
+    /// The secrets of `merchant_id`'s notifications.
+    fn secrets(&self, merchant_id: &str) -> Vec<String> {
+        self.config.notify_secrets.iter().filter(|(m, _)| m == merchant_id).map(|(_, s)| s.clone()).collect()
+    }
+
+    /// Sends `pending` in the background, on the configured schedule, if its merchant has a secret.
+    fn notify(&self, pending: Pending) {
+        let secrets = self.secrets(&pending.merchant_id);
+        if secrets.is_empty() {
+            tracing::debug!(merchant_id = %pending.merchant_id, "no --notify-secret for this merchant: not notified");
+            return;
+        }
+        let schedule = if self.config.notify_schedule.is_empty() {
+            super::DEFAULT_NOTIFY_SCHEDULE.to_vec()
+        } else {
+            self.config.notify_schedule.clone()
+        };
+        tokio::spawn(mock_notify::deliver(pending, secrets, schedule, self.sent.clone()));
+    }
+
+    /// The charge request's answer, its fault, and the notification it owes once settled (a new charge
+    /// with a `notify_url`).
+    #[allow(clippy::type_complexity)]
+    fn record_charge(
+        &self,
+        request: &ChargeRequest,
+    ) -> (Result<Charge, (u16, String)>, Option<Fault>, Option<Pending>) {
         let mut state = self.state();
         state.charge_calls += 1;
         let fault = {
@@ -272,7 +332,7 @@ impl MockChannel {
             let dice = state.roll();
             let mut edge = cfg.error_before_rate;
             if dice < edge {
-                return (Err((500, "injected error before charging".into())), Some(Fault::ErrorBefore));
+                return (Err((500, "injected error before charging".into())), Some(Fault::ErrorBefore), None);
             }
             edge += cfg.error_after_rate;
             if dice < edge {
@@ -288,33 +348,41 @@ impl MockChannel {
             || request.merchant_request_no.is_empty()
             || request.currency.len() != 3
         {
-            return (Err((422, "invalid charge request".into())), None);
+            return (Err((422, "invalid charge request".into())), None, None);
         }
         let now = Instant::now();
         let key = (request.merchant_id.clone(), request.merchant_request_no.clone());
         if let Some(existing) = state.charges.get(&key) {
-            if existing.request != *request {
-                return (Err((409, "merchant_request_no reused with other fields".into())), None);
+            if !existing.request.same_charge(request) {
+                return (Err((409, "merchant_request_no reused with other fields".into())), None, None);
             }
             let view = state.view(existing, now);
-            return (Ok(view), fault);
+            return (Ok(view), fault, None);
         }
         if state.closed.contains(&key) {
-            return (Err((409, "closed".into())), None);
+            return (Err((409, "closed".into())), None, None);
         }
         let declined = state.roll() < self.config.decline_rate;
         let processing = state.roll() < self.config.processing_rate;
         state.next_id += 1;
+        let (settles_at, settled_at) =
+            settling(now, if processing { Duration::from_millis(self.config.settle_ms) } else { Duration::ZERO });
         let stored = StoredCharge {
             request: request.clone(),
             charge_id: format!("ch_{:08}", state.next_id),
             outcome: if declined { ChargeStatus::Declined } else { ChargeStatus::Succeeded },
             decline_code: declined.then(|| "insufficient_funds".to_owned()),
-            settles_at: if processing { now + Duration::from_millis(self.config.settle_ms) } else { now },
+            settles_at,
+            settled_at,
         };
         let view = state.view(&stored, now);
+        let pending = request.notify_url.clone().map(|url| {
+            let settled = state.view(&stored, settles_at);
+            let kind = if declined { "charge.declined" } else { "charge.succeeded" };
+            Pending::new(url, &stored.charge_id, kind, &request.merchant_id, settles_at, &settled)
+        });
         state.charges.insert(key, stored);
-        (Ok(view), fault)
+        (Ok(view), fault, pending)
     }
 
     pub(crate) async fn handle_query(&self, merchant_id: &str, merchant_request_no: &str) -> Option<Charge> {
@@ -345,23 +413,33 @@ impl MockChannel {
     /// refunds that succeeded or are processing add up to no more than it.
     pub(crate) async fn handle_refund(&self, request: &RefundRequest) -> (Result<Refund, (u16, String)>, bool) {
         self.latency().await;
+        let (answer, lost, pending) = self.record_refund(request);
+        if let Some(pending) = pending {
+            self.notify(pending);
+        }
+        (answer, lost)
+    }
+
+    /// The refund request's answer, whether its reply is lost, and the notification it owes once settled.
+    #[allow(clippy::type_complexity)]
+    fn record_refund(&self, request: &RefundRequest) -> (Result<Refund, (u16, String)>, bool, Option<Pending>) {
         let mut state = self.state();
         state.refund_calls += 1;
         let lost = state.roll() < self.config.refund_error_after_rate;
         let now = Instant::now();
         let refund_key = (request.merchant_id.clone(), request.merchant_refund_no.clone());
         if let Some(existing) = state.refunds.get(&refund_key) {
-            if existing.request != *request {
-                return (Err((409, "conflict".into())), false);
+            if !existing.request.same_refund(request) {
+                return (Err((409, "conflict".into())), false, None);
             }
-            return (Ok(existing.view(now)), lost);
+            return (Ok(existing.view(now)), lost, None);
         }
         let charge_key = (request.merchant_id.clone(), request.merchant_request_no.clone());
         let Some(charge) = state.charges.get(&charge_key).map(|c| state.view(c, now)) else {
-            return (Err((409, "not_refundable".into())), false);
+            return (Err((409, "not_refundable".into())), false, None);
         };
         if charge.status != ChargeStatus::Succeeded || request.amount <= 0 {
-            return (Err((409, "not_refundable".into())), false);
+            return (Err((409, "not_refundable".into())), false, None);
         }
         let taken: i64 = state
             .refunds
@@ -372,20 +450,76 @@ impl MockChannel {
             .map(|r| r.request.amount)
             .sum();
         if taken + request.amount > charge.amount {
-            return (Err((409, "exceeds_charge".into())), false);
+            return (Err((409, "exceeds_charge".into())), false, None);
         }
         let failed = state.roll() < self.config.refund_fail_rate;
         let processing = state.roll() < self.config.refund_processing_rate;
         state.next_id += 1;
+        let (settles_at, settled_at) =
+            settling(now, if processing { Duration::from_millis(self.config.settle_ms) } else { Duration::ZERO });
         let stored = StoredRefund {
             request: request.clone(),
             refund_id: format!("re_{:08}", state.next_id),
             outcome: if failed { RefundStatus::Failed } else { RefundStatus::Succeeded },
-            settles_at: if processing { now + Duration::from_millis(self.config.settle_ms) } else { now },
+            settles_at,
+            settled_at,
         };
         let view = stored.view(now);
+        let pending = request.notify_url.clone().map(|url| {
+            let kind = if failed { "refund.failed" } else { "refund.succeeded" };
+            Pending::new(url, &stored.refund_id, kind, &request.merchant_id, settles_at, &stored.view(settles_at))
+        });
         state.refunds.insert(refund_key, stored);
-        (Ok(view), lost)
+        (Ok(view), lost, pending)
+    }
+
+    /// The merchant's statement of the UTC `day`: every charge and refund settled during it, `None` for a day
+    /// after today. Days before today are complete; today grows.
+    pub(crate) fn statement_of(&self, merchant_id: &str, day: chrono::NaiveDate) -> Option<Statement> {
+        let today = chrono::Utc::now().date_naive();
+        if day > today {
+            return None;
+        }
+        let state = self.state();
+        let now = Instant::now();
+        let settled = |at: Instant, wall: &chrono::DateTime<chrono::Utc>| now >= at && wall.date_naive() == day;
+        let stamp = |wall: &chrono::DateTime<chrono::Utc>| wall.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+        let mut lines: Vec<StatementLine> = state
+            .charges
+            .values()
+            .filter(|c| c.request.merchant_id == merchant_id && settled(c.settles_at, &c.settled_at))
+            .map(|c| StatementLine {
+                kind: EntryKind::Charge,
+                merchant_request_no: c.request.merchant_request_no.clone(),
+                merchant_refund_no: None,
+                charge_id: Some(c.charge_id.clone()),
+                refund_id: None,
+                order_no: Some(c.request.order_no.clone()),
+                amount: c.request.amount,
+                currency: Some(c.request.currency.clone()),
+                status: if c.outcome == ChargeStatus::Declined { "declined" } else { "succeeded" }.to_owned(),
+                settled_at: stamp(&c.settled_at),
+            })
+            .collect();
+        lines.extend(
+            state
+                .refunds
+                .values()
+                .filter(|r| r.request.merchant_id == merchant_id && settled(r.settles_at, &r.settled_at))
+                .map(|r| StatementLine {
+                    kind: EntryKind::Refund,
+                    merchant_request_no: r.request.merchant_request_no.clone(),
+                    merchant_refund_no: Some(r.request.merchant_refund_no.clone()),
+                    charge_id: None,
+                    refund_id: Some(r.refund_id.clone()),
+                    order_no: None,
+                    amount: r.request.amount,
+                    currency: None,
+                    status: if r.outcome == RefundStatus::Failed { "failed" } else { "succeeded" }.to_owned(),
+                    settled_at: stamp(&r.settled_at),
+                }),
+        );
+        Some(Statement::of_lines(day < today, lines))
     }
 
     pub(crate) async fn handle_refund_query(&self, merchant_id: &str, merchant_refund_no: &str) -> Option<Refund> {
@@ -423,5 +557,34 @@ impl Channel for MockChannel {
             (_, true) => Err(ChannelError::Unknown("channel answered 500".into())),
             (answer, false) => answer.map_err(|(status, body)| ChannelError::Refused { status, body }),
         }
+    }
+
+    async fn statement(&self, merchant_id: &str, day: chrono::NaiveDate) -> Result<Option<Statement>, ChannelError> {
+        Ok(self.statement_of(merchant_id, day))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_charge_that_settles_at_once_is_answered_settled() {
+        let mock = MockChannel::reliable();
+        let request = ChargeRequest {
+            merchant_id: "m".into(),
+            merchant_request_no: "R-1".into(),
+            order_no: "O-1".into(),
+            amount: 100,
+            currency: "CNY".into(),
+            notify_url: None,
+        };
+        for _ in 0..100 {
+            let request = ChargeRequest { merchant_request_no: uuid::Uuid::new_v4().to_string(), ..request.clone() };
+            assert_eq!(mock.charge(&request).await.unwrap().status, ChargeStatus::Succeeded);
+        }
+        let repeat = ChargeRequest { notify_url: Some("http://x".into()), ..request.clone() };
+        mock.charge(&request).await.unwrap();
+        assert_eq!(mock.charge(&repeat).await.unwrap().status, ChargeStatus::Succeeded, "notify_url is no new field");
     }
 }

@@ -33,6 +33,7 @@ pub fn mock_channel_router(channel: MockChannel) -> Router {
         .route("/v1/charges/{merchant_request_no}/close", post(close))
         .route("/v1/refunds", post(refund))
         .route("/v1/refunds/{merchant_refund_no}", get(query_refund))
+        .route("/v1/statements/{date}", get(statement))
         .route("/v1/ledger", get(ledger))
         .with_state(channel)
 }
@@ -111,4 +112,43 @@ async fn query_refund(
 
 async fn ledger(State(channel): State<MockChannel>) -> Response {
     Json(channel.ledger()).into_response()
+}
+
+/// `GET /v1/statements/{date}?merchant_id=`: NDJSON, streamed line by line, `Statement-Complete` for a past
+/// day; `404` for a day after today.
+async fn statement(
+    State(channel): State<MockChannel>,
+    Path(date): Path<String>,
+    Query(merchant): Query<Merchant>,
+) -> Response {
+    let Some(merchant_id) = merchant.id() else {
+        return error(400, "merchant_id is required");
+    };
+    let Ok(day) = chrono::NaiveDate::parse_from_str(&date, "%Y-%m-%d") else {
+        return error(400, "date must be YYYY-MM-DD");
+    };
+    let Some(statement) = channel.statement_of(&merchant_id, day) else {
+        return error(404, "not_found");
+    };
+    let complete = if statement.complete { "true" } else { "false" };
+    // Sent as it is read, a few hundred lines to a chunk.
+    let chunks = futures_util::stream::unfold(Some(statement), |statement| async move {
+        let mut statement = statement?;
+        let mut chunk = Vec::new();
+        for _ in 0..256 {
+            match statement.next_line().await {
+                Ok(Some(line)) => {
+                    chunk.extend(serde_json::to_vec(&line).unwrap_or_default());
+                    chunk.push(b'\n');
+                }
+                _ => return (!chunk.is_empty()).then_some((Ok::<_, std::convert::Infallible>(chunk), None)),
+            }
+        }
+        Some((Ok(chunk), Some(statement)))
+    });
+    Response::builder()
+        .header("content-type", "application/x-ndjson")
+        .header("statement-complete", complete)
+        .body(axum::body::Body::from_stream(chunks))
+        .unwrap_or_else(|_| error(500, "internal error"))
 }

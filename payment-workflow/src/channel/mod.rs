@@ -5,10 +5,17 @@ use serde::{Deserialize, Serialize};
 
 mod http;
 mod mock;
+mod mock_notify;
 mod mock_server;
+mod notify_url;
+pub mod signature;
+mod statement;
 
 pub use http::HttpChannel;
 pub use mock::{Ledger, LedgerCharge, MockChannel, MockChannelConfig};
+pub use mock_notify::DEFAULT_NOTIFY_SCHEDULE;
+pub use notify_url::with_notify_url;
+pub use statement::{EntryKind, Notification, Statement, StatementLine, StatementSource};
 
 /// `segment` percent-encoded for a URL path: every byte but the unreserved ones (`A-Z a-z 0-9 - . _ ~`).
 pub(crate) fn path_segment(segment: &str) -> String {
@@ -37,6 +44,18 @@ pub struct ChargeRequest {
     pub amount: i64,
     /// ISO 4217.
     pub currency: String,
+    /// Where the channel notifies the merchant once the charge is final (`--public-url`); not sent when `None`,
+    /// so a request without it is what it always was. Not one of the fields a repeat is compared on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub notify_url: Option<String>,
+}
+
+impl ChargeRequest {
+    /// Whether `other` asks for the same charge: everything but `notify_url`, which says where to tell, not what.
+    pub fn same_charge(&self, other: &Self) -> bool {
+        (&self.merchant_id, &self.merchant_request_no, &self.order_no, self.amount, &self.currency)
+            == (&other.merchant_id, &other.merchant_request_no, &other.order_no, other.amount, &other.currency)
+    }
 }
 
 /// A charge's status at the channel.
@@ -108,6 +127,17 @@ pub struct RefundRequest {
     pub merchant_request_no: String,
     /// Minor units: all of the charge or a part of it.
     pub amount: i64,
+    /// Where the channel notifies the merchant once the refund is final; not sent when `None`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub notify_url: Option<String>,
+}
+
+impl RefundRequest {
+    /// Whether `other` asks for the same refund: everything but `notify_url`.
+    pub fn same_refund(&self, other: &Self) -> bool {
+        (&self.merchant_id, &self.merchant_refund_no, &self.merchant_request_no, self.amount)
+            == (&other.merchant_id, &other.merchant_refund_no, &other.merchant_request_no, other.amount)
+    }
 }
 
 /// A refund's status at the channel.
@@ -179,4 +209,10 @@ pub trait Channel: Send + Sync + 'static {
     async fn close(&self, merchant_id: &str, merchant_request_no: &str) -> Result<Closed, ChannelError>;
     /// Creates (or returns) a refund.
     async fn refund(&self, request: &RefundRequest) -> Result<Refund, ChannelError>;
+    /// The merchant's statement of a UTC day, as a stream of lines (`GET /v1/statements/{date}`); `None` for a
+    /// day the channel has no statement of yet (`404`). A channel that serves none says so as a refusal.
+    async fn statement(&self, merchant_id: &str, day: chrono::NaiveDate) -> Result<Option<Statement>, ChannelError> {
+        let _ = (merchant_id, day);
+        Err(ChannelError::Refused { status: 404, body: "this channel serves no statements".into() })
+    }
 }

@@ -65,6 +65,7 @@ impl PaymentInput {
             order_no: self.order_no.to_string(),
             amount: self.amount,
             currency: self.currency.to_string(),
+            notify_url: None,
         }
     }
 }

@@ -161,6 +161,7 @@ pub(super) async fn undo_charge(channel: &dyn Channel, i: &PaymentInput, charged
         merchant_refund_no: i.refund_no(),
         merchant_request_no: request.merchant_request_no.clone(),
         amount: i.amount,
+        notify_url: None,
     };
     match channel.refund(&refund).await {
         Ok(r) if r.status == RefundStatus::Succeeded => Ok(Undone::Refunded),

@@ -11,6 +11,7 @@ use crate::model::{
     Currency, Order, OrderNo, OrderStatus, PaymentRecord, PaymentStatus, RequestNo, StoredResponse, Token, TokenRecord,
 };
 
+mod channel_word;
 mod lock;
 mod mysql;
 mod postgres;
@@ -18,6 +19,7 @@ mod sqlite;
 mod standard;
 mod statement;
 
+pub use channel_word::{ChannelWord, ChannelWordStore, ExceptionRow, ReconciliationRow, StagedLine, StatementCopy};
 pub use lock::PassLock;
 pub use statement::PhaseDialect;
 
@@ -84,7 +86,7 @@ fn engine_error(e: onceflow_engine::Error) -> sqlx::Error {
 ///
 /// The saga's phases take the workflow's context: each backend runs them as it runs best, with the same steps,
 /// outputs and rows on every backend. Functions taking a connection run inside a step's transaction.
-pub trait PaymentStore: Store + crate::events::EventStore {
+pub trait PaymentStore: Store + crate::events::EventStore + ChannelWordStore {
     /// Applies the engine's migrations, then the payment tables' (this crate's `migrations/<backend>/`).
     fn migrate_payments(&self) -> impl Future<Output = Result<(), onceflow_engine::Error>> + Send;
 

@@ -16,7 +16,7 @@ use crate::model::{
 };
 
 /// A store whose database runs the standard payment SQL of this file (Postgres, SQLite).
-pub trait StandardSql: Store {
+pub trait StandardSql: Store + super::ChannelWordStore {
     /// The dialect of its statement phases.
     const DIALECT: PhaseDialect;
 
