@@ -20,6 +20,7 @@
 //! ```
 #![forbid(unsafe_code)]
 
+mod app;
 pub mod config;
 mod consume;
 mod database;
@@ -34,9 +35,10 @@ mod run;
 mod server;
 mod state;
 
+pub use app::app;
 pub use database::{OnPayments, redact, with_payments};
 pub use error::ApiError;
 pub use openapi::ApiDoc;
-pub use routes::{BODY_LIMIT, app};
+pub use routes::BODY_LIMIT;
 pub use run::{run, shutdown_signal};
 pub use state::{AppState, Auth, Caller, DEFAULT_TENANT, Keys, Tenant};

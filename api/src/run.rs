@@ -163,7 +163,7 @@ impl OnPayments for Serve {
                 header_read_timeout: args.header_read_timeout,
                 max_connections: usize::try_from(args.max_connections).unwrap_or(usize::MAX),
             };
-            crate::server::serve(listener, crate::routes::app(state), limits, shutdown_signal()).await?;
+            crate::server::serve(listener, crate::app(state), limits, shutdown_signal()).await?;
         } else {
             tracing::info!("worker running");
             shutdown_signal().await;

@@ -27,8 +27,9 @@ pub mod views;
 /// Largest request body accepted.
 pub const BODY_LIMIT: usize = 64 * 1024;
 
-/// The whole HTTP API over `state`.
-pub fn app<S: PaymentStore>(state: AppState<S>) -> Router {
+/// The HTTP API's routes over `state`, with `more` (what the modules above the routes serve: the document, the
+/// console) merged in, inside the same layers.
+pub(crate) fn app<S: PaymentStore>(state: AppState<S>, more: Router<AppState<S>>) -> Router {
     crate::metrics::install();
     let request_id = HeaderName::from_static("x-request-id");
     let body_read_timeout = state.body_read_timeout;
@@ -47,7 +48,7 @@ pub fn app<S: PaymentStore>(state: AppState<S>) -> Router {
         .route("/healthz", get(ops::healthz))
         .route("/readyz", get(ops::readyz::<S>))
         .route("/metrics", get(ops::metrics::<S>))
-        .route("/openapi.json", get(ops::openapi))
+        .merge(more)
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         // Innermost: a body is read (within its time) before any route sees it, inside the request id, the trace

@@ -100,7 +100,7 @@ async fn visible_view<S: PaymentStore>(
     params(("workflow_id" = String, Path, description = "The workflow (payments: pay:<token>)")),
     responses(
         (status = 200, description = "The workflow with its steps and compensations", body = WorkflowDetail),
-        (status = 404, description = "workflow_not_found (also another tenant's, for a tenant key)", body = crate::openapi::Problem),
+        (status = 404, description = "workflow_not_found (also another tenant's, for a tenant key)", body = crate::error::Problem),
     ))]
 pub async fn get_workflow<S: PaymentStore>(
     State(state): State<AppState<S>>,
@@ -115,7 +115,7 @@ pub async fn get_workflow<S: PaymentStore>(
 #[utoipa::path(get, path = "/v1/workflows", tag = "operations", params(ListQuery),
     responses(
         (status = 200, description = "A page of workflows, newest first", body = WorkflowPage),
-        (status = 400, description = "invalid_request: an unknown state, a limit out of range, a cursor this server did not give", body = crate::openapi::Problem),
+        (status = 400, description = "invalid_request: an unknown state, a limit out of range, a cursor this server did not give", body = crate::error::Problem),
     ))]
 pub async fn list_workflows<S: PaymentStore>(
     State(state): State<AppState<S>>,
@@ -154,9 +154,9 @@ pub async fn list_workflows<S: PaymentStore>(
     params(("workflow_id" = String, Path, description = "The workflow")),
     responses(
         (status = 200, description = "Reopened", body = WorkflowBody),
-        (status = 403, description = "forbidden: a tenant key (retry is for operators)", body = crate::openapi::Problem),
-        (status = 404, description = "workflow_not_found", body = crate::openapi::Problem),
-        (status = 409, description = "invalid_state", body = crate::openapi::Problem),
+        (status = 403, description = "forbidden: a tenant key (retry is for operators)", body = crate::error::Problem),
+        (status = 404, description = "workflow_not_found", body = crate::error::Problem),
+        (status = 409, description = "invalid_state", body = crate::error::Problem),
     ))]
 pub async fn retry_workflow<S: PaymentStore>(
     State(state): State<AppState<S>>,
@@ -172,9 +172,9 @@ pub async fn retry_workflow<S: PaymentStore>(
     params(("workflow_id" = String, Path, description = "The workflow")),
     responses(
         (status = 200, description = "Cancelling", body = WorkflowBody),
-        (status = 403, description = "forbidden: a tenant key (cancel is for operators)", body = crate::openapi::Problem),
-        (status = 404, description = "workflow_not_found", body = crate::openapi::Problem),
-        (status = 409, description = "invalid_state", body = crate::openapi::Problem),
+        (status = 403, description = "forbidden: a tenant key (cancel is for operators)", body = crate::error::Problem),
+        (status = 404, description = "workflow_not_found", body = crate::error::Problem),
+        (status = 409, description = "invalid_state", body = crate::error::Problem),
     ))]
 pub async fn cancel_workflow<S: PaymentStore>(
     State(state): State<AppState<S>>,
@@ -193,7 +193,7 @@ pub async fn healthz() -> Json<serde_json::Value> {
 
 /// The database is reachable.
 #[utoipa::path(get, path = "/readyz", tag = "operations",
-    responses((status = 200, description = "Ready"), (status = 503, description = "unavailable", body = crate::openapi::Problem)))]
+    responses((status = 200, description = "Ready"), (status = 503, description = "unavailable", body = crate::error::Problem)))]
 pub async fn readyz<S: PaymentStore>(State(state): State<AppState<S>>) -> Response {
     if state.payments.engine().ready().await {
         Json(json!({ "status": "ready" })).into_response()
@@ -213,8 +213,8 @@ pub async fn readyz<S: PaymentStore>(State(state): State<AppState<S>>) -> Respon
 /// payments (how many, the oldest one's age). With operator keys configured, for operator keys only.
 #[utoipa::path(get, path = "/metrics", tag = "operations", responses(
     (status = 200, description = "Prometheus text format"),
-    (status = 401, description = "unauthorized: no operator key (when operator keys are configured)", body = crate::openapi::Problem),
-    (status = 403, description = "forbidden: a tenant key (when operator keys are configured)", body = crate::openapi::Problem),
+    (status = 401, description = "unauthorized: no operator key (when operator keys are configured)", body = crate::error::Problem),
+    (status = 403, description = "forbidden: a tenant key (when operator keys are configured)", body = crate::error::Problem),
 ))]
 pub async fn metrics<S: PaymentStore>(State(state): State<AppState<S>>, headers: HeaderMap) -> Response {
     if let Err(refused) = may_scrape(&state, &headers) {
@@ -261,12 +261,6 @@ fn database_figures(up: bool, counts: Option<onceflow_engine::WorkflowCounts>) -
         let _ = writeln!(text, "onceflow_workflows_counted_timestamp_seconds {}", counts.counted_at as f64 / 1000.0);
     }
     text
-}
-
-/// This document.
-#[utoipa::path(get, path = "/openapi.json", tag = "operations", responses((status = 200, description = "OpenAPI 3.1")))]
-pub async fn openapi() -> Json<serde_json::Value> {
-    Json(crate::openapi::document())
 }
 
 #[cfg(test)]
