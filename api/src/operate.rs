@@ -69,7 +69,7 @@ fn shown(view: WorkflowView) -> String {
         ("epoch", Some(w.lease_epoch.to_string())),
         ("created", Some(w.created_at)),
         ("updated", Some(w.updated_at)),
-        ("next try", Some(w.next_attempt_at)),
+        ("next try", w.next_attempt_at),
         ("lease to", w.lease_expires_at),
     ] {
         if let Some(value) = value {

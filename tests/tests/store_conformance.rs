@@ -38,6 +38,7 @@ fn step_row(id: &str, key: &str, status: StepStatus, started_at: i64) -> StepRec
         error: None,
         started_at,
         finished_at: Some(started_at),
+        seq: None,
     }
 }
 

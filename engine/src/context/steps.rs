@@ -45,6 +45,7 @@ impl<S: Store> WorkflowContext<S> {
             error,
             started_at: now,
             finished_at: Some(now),
+            seq: None,
         };
         match result {
             Ok(value) => {
@@ -128,6 +129,7 @@ impl<S: Store> WorkflowContext<S> {
                 error,
                 started_at,
                 finished_at: done,
+                seq: None,
             };
         loop {
             self.check_shutdown()?;

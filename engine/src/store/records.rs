@@ -75,6 +75,10 @@ pub struct StepRecord {
     pub started_at: i64,
     /// When the step completed or failed (ms since the epoch).
     pub finished_at: Option<i64>,
+    /// Where the step stands in the order the workflow first ran its steps (0, 1, 2, …; gaps allowed): a phase's
+    /// steps share their times, this does not. Set once, by the step's first row; `None` for rows written before
+    /// it existed (migration 0055).
+    pub seq: Option<i32>,
 }
 
 /// A compensation registered before its forward step ran.

@@ -47,10 +47,10 @@ const INSERT_WORKFLOW: &str = "INSERT INTO workflows (workflow_id, name, input, 
     tenant) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
 /// Inserts step rows (followed by a `(?, …)` list per row, in the order of [`bind_steps`]).
 const INSERT_STEPS: &str = "INSERT INTO workflow_steps \
-    (workflow_id, step_key, step_name, kind, status, attempts, output, error, started_at, finished_at) VALUES ";
+    (workflow_id, step_key, step_name, kind, status, attempts, output, error, started_at, finished_at, seq) VALUES ";
 /// Parameters per row of [`INSERT_STEPS`].
-const STEP_PARAMS: usize = 10;
-/// A step insert's conflict clause: the new row replaces the stored one.
+const STEP_PARAMS: usize = 11;
+/// A step insert's conflict clause: the new row replaces the stored one, but for its `seq` (set by the first).
 const STEPS_ON_DUPLICATE: &str = " ON DUPLICATE KEY UPDATE step_name = VALUES(step_name), kind = VALUES(kind), \
     status = VALUES(status), attempts = VALUES(attempts), output = VALUES(output), error = VALUES(error), \
     started_at = VALUES(started_at), finished_at = VALUES(finished_at)";
@@ -62,7 +62,7 @@ const FENCE: &str = "UPDATE workflows SET state = COALESCE(?, state), output = C
     next_attempt_at = COALESCE(?, next_attempt_at), updated_at = ?, compensations = COALESCE(?, compensations) \
     WHERE workflow_id = ? AND lease_epoch = ?";
 const SELECT_WORKFLOW: &str = "SELECT * FROM workflows WHERE workflow_id = ?";
-const SELECT_STEPS: &str = "SELECT * FROM workflow_steps WHERE workflow_id = ? ORDER BY started_at, step_key";
+const SELECT_STEPS: &str = "SELECT * FROM workflow_steps WHERE workflow_id = ? ORDER BY seq, started_at, step_key";
 const SELECT_COMPENSATIONS: &str = "SELECT compensations FROM workflows WHERE workflow_id = ?";
 /// The heartbeat, followed by the list of ids it extends (`(?, ?, …)`, at most [`HEARTBEAT_CHUNK`]).
 const HEARTBEAT: &str = "UPDATE workflows SET lease_expires_at = ? \
@@ -178,7 +178,8 @@ fn bind_steps<'q>(mut q: MySqlQuery<'q>, steps: &[StepRecord]) -> MySqlQuery<'q>
             .bind(&s.output)
             .bind(&s.error)
             .bind(s.started_at)
-            .bind(s.finished_at);
+            .bind(s.finished_at)
+            .bind(s.seq);
     }
     q
 }

@@ -193,7 +193,8 @@ impl Store for SqliteStore {
     }
 
     async fn steps(&self, workflow_id: &str) -> Result<Vec<StepRecord>> {
-        let q = sqlx::query_as("SELECT * FROM workflow_steps WHERE workflow_id = $1 ORDER BY started_at, step_key");
+        let q =
+            sqlx::query_as("SELECT * FROM workflow_steps WHERE workflow_id = $1 ORDER BY seq, started_at, step_key");
         Ok(q.bind(workflow_id).fetch_all(&self.pool).await?)
     }
 
