@@ -261,6 +261,9 @@ pub enum WorkflowsCommand {
         database: DatabaseArgs,
         /// The workflow id.
         workflow_id: String,
+        /// Why (at most 500 characters): kept in the audit log with the action, as `cli:<user>`'s.
+        #[arg(long, env = "ONCEFLOW_REASON")]
+        reason: Option<String>,
     },
     /// Cancel a running workflow: its compensations run.
     Cancel {
@@ -269,6 +272,9 @@ pub enum WorkflowsCommand {
         database: DatabaseArgs,
         /// The workflow id.
         workflow_id: String,
+        /// Why (at most 500 characters): kept in the audit log with the action, as `cli:<user>`'s.
+        #[arg(long, env = "ONCEFLOW_REASON")]
+        reason: Option<String>,
     },
 }
 

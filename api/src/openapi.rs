@@ -14,7 +14,7 @@ use onceflow_payments::{KEY_PATTERN, PaymentStore, TOKEN_PATTERN};
 
 use crate::error::Problem;
 use crate::routes::views::WorkflowStateSchema;
-use crate::routes::{compat, ops, orders, payments, tokens};
+use crate::routes::{audit, compat, ops, orders, payments, tokens};
 use crate::state::AppState;
 
 /// The API's document.
@@ -37,6 +37,7 @@ use crate::state::AppState;
         ops::get_workflow,
         ops::retry_workflow,
         ops::cancel_workflow,
+        audit::list_audit,
         ops::healthz,
         ops::readyz,
         ops::metrics,

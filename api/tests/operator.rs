@@ -9,8 +9,10 @@ use std::time::Duration;
 
 use common::channel::TestChannel;
 use common::{App, database, start};
-use onceflow_api::Auth;
+use onceflow_api::{Auth, OnPayments, with_payments};
+use onceflow_engine::EngineConfig;
 use onceflow_payments::HttpChannel;
+use onceflow_payments::{MockChannel, PaymentStore, Payments};
 use serde_json::{Value, json};
 
 macro_rules! on_every_backend {
@@ -38,7 +40,11 @@ macro_rules! on_every_backend {
     )*};
 }
 
-on_every_backend!(steps_read_in_the_order_they_ran, a_cancelled_payments_compensations_read_in_the_order_they_ran);
+on_every_backend!(
+    steps_read_in_the_order_they_ran,
+    a_cancelled_payments_compensations_read_in_the_order_they_ran,
+    operator_actions_are_on_the_record_and_outlive_the_history,
+);
 
 const ACME: &str = "acme-secret-key";
 const GLOBEX: &str = "globex-secret-key";
@@ -134,4 +140,69 @@ async fn a_cancelled_payments_compensations_read_in_the_order_they_ran(url: Stri
     }
     assert_eq!(workflow["error"]["code"], "cancelled");
     assert_eq!(channel.kept("acme", "O-1"), 0);
+}
+
+/// Deletes every finished workflow's history on the database `url` (a retention pass with no time kept).
+async fn delete_histories(url: &str) -> u64 {
+    struct Delete;
+    impl OnPayments for Delete {
+        type Output = u64;
+        async fn run<S: PaymentStore>(self, payments: Payments<S>) -> u64 {
+            payments.engine().delete_finished_before(i64::MAX, 1000).await.unwrap().workflows
+        }
+    }
+    with_payments(url, Arc::new(MockChannel::reliable()), EngineConfig::default(), 2, Delete).await.unwrap()
+}
+
+async fn operator_actions_are_on_the_record_and_outlive_the_history(url: String) {
+    let (app, _channel) = app_over_channel(&url, Duration::from_secs(2)).await;
+    let (acme, globex, operator) = (as_key(&app, ACME), as_key(&app, GLOBEX), as_key(&app, OPERATOR));
+    let workflow_id = start_payment(&acme, "O-1").await;
+    let path = format!("/v1/workflows/{workflow_id}/cancel");
+    // A reason too long, or a body that is not JSON, is refused before anything is done or recorded.
+    let long = "x".repeat(501);
+    operator.post(&path, json!({"reason": long})).await.assert_problem(400, "invalid_request");
+    operator.post(&path, json!({"why": "typo"})).await.assert_problem(400, "invalid_request");
+    let text = operator.send(reqwest::Method::POST, &path, &[("content-type", "text/plain")], None).await;
+    assert_eq!(text.status, 200, "no body at all is no reason: {}", text.text);
+    // That cancel went through with no reason; the next one is refused by the engine, and recorded as such.
+    let again = operator.post(&path, json!({"reason": "customer called: \"cancel it\" <b>now</b>"})).await;
+    again.assert_problem(409, "invalid_state");
+    let view = settled(&operator, &workflow_id).await;
+    let audit = view["audit"].as_array().unwrap().clone();
+    assert_eq!(audit.len(), 2, "{view:#}");
+    assert_eq!((audit[0]["actor"].as_str(), audit[0]["action"].as_str()), (Some("ops"), Some("cancel")));
+    assert_eq!(audit[0]["status"], 200);
+    assert_eq!(audit[0]["result"], "now compensating");
+    assert!(audit[0].get("reason").is_none(), "{audit:?}");
+    assert_eq!(audit[1]["status"], 409);
+    assert_eq!(audit[1]["reason"], "customer called: \"cancel it\" <b>now</b>");
+    assert!(audit[1]["result"].as_str().unwrap().starts_with("invalid_state"), "{audit:?}");
+    assert_eq!(audit[1]["tenant"], "acme");
+    // The tenant sees its own workflow's entries; another tenant none of them.
+    assert_eq!(acme.get(&format!("/v1/audit?workflow_id={workflow_id}")).await.json()["audit"], json!(audit));
+    assert_eq!(globex.get(&format!("/v1/audit?workflow_id={workflow_id}")).await.json()["audit"], json!([]));
+    assert_eq!(globex.get("/v1/audit").await.json()["audit"], json!([]));
+    // Retention deletes the workflow's history; the record of what operators did to it stays.
+    assert!(delete_histories(&url).await >= 1);
+    operator.get(&format!("/v1/workflows/{workflow_id}")).await.assert_problem(404, "workflow_not_found");
+    let kept = operator.get(&format!("/v1/audit?workflow_id={workflow_id}")).await;
+    assert_eq!(kept.json()["audit"], json!(audit), "{}", kept.text);
+    let newest = operator.get("/v1/audit?limit=1").await.json();
+    assert_eq!(newest["audit"][0]["status"], 409, "newest first: {newest}");
+}
+
+/// Without keys (loopback), the actor is `local`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_zero_configuration_actor_is_local() {
+    let url = database("sqlite").await.unwrap();
+    let channel = TestChannel::serve(Duration::from_secs(2), false).await;
+    let client = HttpChannel::new(&channel.url, Duration::from_secs(5)).unwrap();
+    let app = start(&url, Arc::new(client), Auth::SingleTenant).await;
+    let workflow_id = start_payment(&app, "O-1").await;
+    let cancelled = app.post(&format!("/v1/workflows/{workflow_id}/cancel"), json!({"reason": "test"})).await;
+    assert_eq!(cancelled.status, 200, "{}", cancelled.text);
+    let audit = app.get(&format!("/v1/audit?workflow_id={workflow_id}")).await.json();
+    assert_eq!(audit["audit"][0]["actor"], "local", "{audit}");
+    assert_eq!(audit["audit"][0]["reason"], "test", "{audit}");
 }

@@ -16,6 +16,7 @@ use onceflow_payments::PaymentStore;
 
 use crate::state::AppState;
 
+pub mod audit;
 mod body;
 pub mod compat;
 pub mod ops;
@@ -45,6 +46,7 @@ pub(crate) fn app<S: PaymentStore>(state: AppState<S>, more: Router<AppState<S>>
         .route("/v1/workflows/{workflow_id}", get(ops::get_workflow::<S>))
         .route("/v1/workflows/{workflow_id}/retry", post(ops::retry_workflow::<S>))
         .route("/v1/workflows/{workflow_id}/cancel", post(ops::cancel_workflow::<S>))
+        .route("/v1/audit", get(audit::list_audit::<S>))
         .route("/healthz", get(ops::healthz))
         .route("/readyz", get(ops::readyz::<S>))
         .route("/metrics", get(ops::metrics::<S>))

@@ -14,6 +14,7 @@ use utoipa::IntoParams;
 use onceflow_payments::PaymentStore;
 
 use crate::error::ApiError;
+use crate::routes::audit::{Reason, Subject, audited};
 use crate::routes::views::{WorkflowBody, WorkflowDetail, WorkflowPage};
 use crate::state::{AppState, Caller, may_scrape};
 
@@ -107,7 +108,21 @@ pub async fn get_workflow<S: PaymentStore>(
     caller: Caller,
     Path(id): Path<String>,
 ) -> Result<Json<WorkflowDetail>, ApiError> {
-    Ok(Json(visible_view(&state, &caller, &id).await?.into()))
+    let mut detail: WorkflowDetail = visible_view(&state, &caller, &id).await?.into();
+    detail.audit = crate::routes::audit::of_workflow(&state, &caller, &id).await?;
+    Ok(Json(detail))
+}
+
+/// What an operator action on workflow `id` is about, for its audit entry: the workflow and its tenant.
+async fn action_on<S: PaymentStore>(state: &AppState<S>, id: &str) -> Result<Subject, ApiError> {
+    let Some(record) = state.payments.engine().store().workflow(id).await? else {
+        return Err(ApiError::not_found("workflow_not_found", format!("no workflow {id}")));
+    };
+    let tenant = record.tenant.clone().or_else(|| {
+        let input = serde_json::from_str::<serde_json::Value>(&record.input).ok()?;
+        input.get("tenant")?.as_str().map(str::to_owned)
+    });
+    Ok(Subject { workflow_id: Some(record.workflow_id), other: None, tenant })
 }
 
 /// A page of workflows, newest first (by creation time, then workflow id): a tenant key's own, an operator's
@@ -152,6 +167,7 @@ pub async fn list_workflows<S: PaymentStore>(
 /// Retries a failed workflow (compensation_failed: its compensations; failed with nothing compensated: forward).
 #[utoipa::path(post, path = "/v1/workflows/{workflow_id}/retry", tag = "operations",
     params(("workflow_id" = String, Path, description = "The workflow")),
+    request_body(content = Option<crate::routes::audit::ActionBody>, description = "Optional: why (kept in the audit log)"),
     responses(
         (status = 200, description = "Reopened", body = WorkflowBody),
         (status = 403, description = "forbidden: a tenant key (retry is for operators)", body = crate::error::Problem),
@@ -162,14 +178,19 @@ pub async fn retry_workflow<S: PaymentStore>(
     State(state): State<AppState<S>>,
     caller: Caller,
     Path(id): Path<String>,
+    Reason(reason): Reason,
 ) -> Result<Json<WorkflowBody>, ApiError> {
     must_operate(&caller)?;
-    Ok(Json(state.payments.engine().retry(&id).await?.into()))
+    let subject = action_on(&state, &id).await?;
+    let act = async { Ok(state.payments.engine().retry(&id).await?) };
+    let done = audited(&state, &caller, "retry", subject, reason, act, |w| format!("now {}", w.state)).await?;
+    Ok(Json(done.into()))
 }
 
 /// Cancels a running workflow: any current run is fenced out and the compensations run.
 #[utoipa::path(post, path = "/v1/workflows/{workflow_id}/cancel", tag = "operations",
     params(("workflow_id" = String, Path, description = "The workflow")),
+    request_body(content = Option<crate::routes::audit::ActionBody>, description = "Optional: why (kept in the audit log)"),
     responses(
         (status = 200, description = "Cancelling", body = WorkflowBody),
         (status = 403, description = "forbidden: a tenant key (cancel is for operators)", body = crate::error::Problem),
@@ -180,9 +201,13 @@ pub async fn cancel_workflow<S: PaymentStore>(
     State(state): State<AppState<S>>,
     caller: Caller,
     Path(id): Path<String>,
+    Reason(reason): Reason,
 ) -> Result<Json<WorkflowBody>, ApiError> {
     must_operate(&caller)?;
-    Ok(Json(state.payments.engine().cancel(&id).await?.into()))
+    let subject = action_on(&state, &id).await?;
+    let act = async { Ok(state.payments.engine().cancel(&id).await?) };
+    let done = audited(&state, &caller, "cancel", subject, reason, act, |w| format!("now {}", w.state)).await?;
+    Ok(Json(done.into()))
 }
 
 /// The process is up.

@@ -129,6 +129,8 @@ pub struct CompensationBody {
 /// A workflow with its steps, in the order they ran, and its compensations (`GET /v1/workflows/{id}`).
 #[derive(Debug, Serialize, ToSchema)]
 pub struct WorkflowDetail {
+    /// The operator actions taken on it, oldest first (the audit log: kept after its history is deleted).
+    pub audit: Vec<crate::routes::audit::AuditBody>,
     /// Its registered compensations.
     pub compensations: Vec<CompensationBody>,
     /// Its steps, in the order they ran (a phase's steps share their times; the order is the one they ran in).
@@ -207,6 +209,7 @@ impl From<CompensationRecord> for CompensationBody {
 impl From<WorkflowView> for WorkflowDetail {
     fn from(view: WorkflowView) -> Self {
         Self {
+            audit: Vec::new(),
             compensations: view.compensations.into_iter().map(CompensationBody::from).collect(),
             steps: view.steps.into_iter().map(StepBody::from).collect(),
             workflow: view.workflow.into(),

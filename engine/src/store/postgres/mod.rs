@@ -19,6 +19,7 @@ use super::{
 use crate::error::Result;
 use crate::phase::PhaseCommit;
 
+mod audit;
 mod commit;
 mod gc;
 mod list;
@@ -321,6 +322,18 @@ impl Store for PgStore {
 
     async fn count_finished(&self, ended_by: i64) -> Result<Deleted> {
         gc::count_finished(self, ended_by).await
+    }
+
+    async fn insert_audit(&self, entry: &super::AuditRecord) -> Result<()> {
+        audit::insert(&self.pool, entry).await
+    }
+
+    async fn finish_audit(&self, id: &str, status: i32, result: &str) -> Result<()> {
+        audit::finish(&self.pool, id, status, result).await
+    }
+
+    async fn audit(&self, filter: super::AuditFilter<'_>) -> Result<Vec<super::AuditRecord>> {
+        audit::read(&self.pool, filter).await
     }
 
     async fn listen(&self) -> Result<Option<Listener>> {
