@@ -14,7 +14,7 @@ use onceflow_payments::{KEY_PATTERN, PaymentStore, TOKEN_PATTERN};
 
 use crate::error::Problem;
 use crate::routes::views::WorkflowStateSchema;
-use crate::routes::{audit, compat, ops, orders, payments, tokens};
+use crate::routes::{audit, compat, ops, orders, payments, search, tokens, unresolved};
 use crate::state::AppState;
 
 /// The API's document.
@@ -38,6 +38,8 @@ use crate::state::AppState;
         ops::retry_workflow,
         ops::cancel_workflow,
         audit::list_audit,
+        search::search,
+        unresolved::unresolved,
         ops::healthz,
         ops::readyz,
         ops::metrics,

@@ -44,6 +44,8 @@ on_every_backend!(
     steps_read_in_the_order_they_ran,
     a_cancelled_payments_compensations_read_in_the_order_they_ran,
     operator_actions_are_on_the_record_and_outlive_the_history,
+    search_finds_a_payment_by_every_number_it_has,
+    unresolved_payments_are_listed_with_their_age,
 );
 
 const ACME: &str = "acme-secret-key";
@@ -205,4 +207,86 @@ async fn the_zero_configuration_actor_is_local() {
     let audit = app.get(&format!("/v1/audit?workflow_id={workflow_id}")).await.json();
     assert_eq!(audit["audit"][0]["actor"], "local", "{audit}");
     assert_eq!(audit["audit"][0]["reason"], "test", "{audit}");
+}
+
+/// The numbers a search matched, as `matched:kind:tenant`.
+async fn found(app: &App, q: &str) -> Vec<String> {
+    let answer = app.get(&format!("/v1/search?q={q}")).await;
+    assert_eq!(answer.status, 200, "{}", answer.text);
+    let mut found: Vec<String> = answer.json()["matches"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            format!(
+                "{}:{}:{}",
+                m["matched"].as_str().unwrap(),
+                m["kind"].as_str().unwrap(),
+                m["tenant"].as_str().unwrap_or("-")
+            )
+        })
+        .collect();
+    found.sort();
+    found
+}
+
+async fn search_finds_a_payment_by_every_number_it_has(url: String) {
+    let (app, _channel) = app_over_channel(&url, Duration::ZERO).await;
+    let (acme, globex, operator) = (as_key(&app, ACME), as_key(&app, GLOBEX), as_key(&app, OPERATOR));
+    // Both tenants pay an order numbered O-1; acme also has an order nobody paid.
+    let token = acme.token().await;
+    acme.order("O-1", 1000).await;
+    let paid = acme.pay(&token, pay_body("O-1")).await;
+    assert_eq!(paid.status, 201, "{}", paid.text);
+    globex.order("O-1", 1000).await;
+    assert_eq!(globex.pay(&globex.token().await, pay_body("O-1")).await.status, 201);
+    acme.order("O-unpaid", 1000).await;
+    let payment = paid.json();
+    let (request_no, charge_id) = (payment["request_no"].as_str().unwrap(), payment["charge_id"].as_str().unwrap());
+    let workflow_id =
+        acme.get(&format!("/v1/payments/{request_no}")).await.json()["workflow_id"].as_str().unwrap().to_owned();
+
+    assert_eq!(found(&operator, "O-1").await, ["order_no:payment:acme", "order_no:payment:globex"]);
+    assert_eq!(found(&acme, "O-1").await, ["order_no:payment:acme"]);
+    assert_eq!(found(&globex, "O-unpaid").await, Vec::<String>::new());
+    assert_eq!(found(&acme, "O-unpaid").await, ["order_no:order:acme"]);
+    for (q, matched) in
+        [(request_no, "request_no"), (charge_id, "charge_id"), (&token, "token"), (&workflow_id, "workflow_id")]
+    {
+        assert_eq!(found(&operator, q).await, [format!("{matched}:payment:acme")], "{q}");
+        assert_eq!(found(&acme, q).await, [format!("{matched}:payment:acme")], "{q}");
+        assert_eq!(found(&globex, q).await, Vec::<String>::new(), "another tenant's {matched}");
+    }
+    // A match carries what the console shows: the payment with its workflow, its order, when it was made.
+    let m = &operator.get(&format!("/v1/search?q={request_no}")).await.json()["matches"][0];
+    assert_eq!(m["payment"]["workflow_id"], workflow_id.as_str());
+    assert_eq!(m["payment"]["status"], "succeeded");
+    assert_eq!(m["order"]["status"], "paid");
+    assert!(m["created_at"].is_string());
+    assert_eq!(found(&operator, "nothing-like-it").await, Vec::<String>::new());
+    operator.get("/v1/search").await.assert_problem(400, "invalid_request");
+    operator.get("/v1/search?q=").await.assert_problem(400, "invalid_request");
+    let markup = operator.get("/v1/search?q=%3Cimg%20src%3Dx%20onerror%3Dalert(1)%3E").await;
+    assert_eq!(markup.json()["matches"], json!([]), "{}", markup.text);
+}
+
+async fn unresolved_payments_are_listed_with_their_age(url: String) {
+    let (app, _channel) = app_over_channel(&url, Duration::from_secs(3)).await;
+    let (acme, globex, operator) = (as_key(&app, ACME), as_key(&app, GLOBEX), as_key(&app, OPERATOR));
+    let workflow_id = start_payment(&acme, "O-1").await;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let listed = operator.get("/v1/unresolved").await.json();
+    assert_eq!(listed["count"], 1, "{listed}");
+    let first = &listed["payments"][0];
+    assert_eq!((first["tenant"].as_str(), first["payment"]["status"].as_str()), (Some("acme"), Some("processing")));
+    assert_eq!(first["payment"]["workflow_id"], workflow_id.as_str());
+    assert!(first["age_seconds"].as_i64().unwrap() >= 1, "{listed}");
+    assert!(listed["oldest_age_seconds"].as_i64().unwrap() >= 1, "{listed}");
+    assert_eq!(acme.get("/v1/unresolved").await.json()["count"], 1);
+    let none = globex.get("/v1/unresolved").await.json();
+    assert_eq!((none["count"].as_i64(), none["payments"].as_array().map(Vec::len)), (Some(0), Some(0)), "{none}");
+    assert!(none.get("oldest_age_seconds").is_none());
+    // Once the channel answers, it is resolved.
+    settled(&operator, &workflow_id).await;
+    assert_eq!(operator.get("/v1/unresolved").await.json()["count"], 0);
 }

@@ -22,7 +22,9 @@ pub mod compat;
 pub mod ops;
 pub mod orders;
 pub mod payments;
+pub mod search;
 pub mod tokens;
+pub mod unresolved;
 pub mod views;
 
 /// Largest request body accepted.
@@ -47,6 +49,8 @@ pub(crate) fn app<S: PaymentStore>(state: AppState<S>, more: Router<AppState<S>>
         .route("/v1/workflows/{workflow_id}/retry", post(ops::retry_workflow::<S>))
         .route("/v1/workflows/{workflow_id}/cancel", post(ops::cancel_workflow::<S>))
         .route("/v1/audit", get(audit::list_audit::<S>))
+        .route("/v1/search", get(search::search::<S>))
+        .route("/v1/unresolved", get(unresolved::unresolved::<S>))
         .route("/healthz", get(ops::healthz))
         .route("/readyz", get(ops::readyz::<S>))
         .route("/metrics", get(ops::metrics::<S>))
