@@ -8,9 +8,9 @@ use onceflow_payments::PaymentStore;
 
 use crate::state::AppState;
 
-/// The whole HTTP API over `state`, with its OpenAPI document.
+/// The whole HTTP API over `state`, with its OpenAPI document and the operator console.
 pub fn app<S: PaymentStore>(state: AppState<S>) -> Router {
-    crate::routes::app(state, crate::openapi::routes())
+    crate::routes::app(state, crate::openapi::routes().merge(crate::console::routes()))
 }
 
 #[cfg(test)]

@@ -22,6 +22,7 @@
 
 mod app;
 pub mod config;
+mod console;
 mod consume;
 mod database;
 mod error;

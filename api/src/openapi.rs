@@ -14,7 +14,7 @@ use onceflow_payments::{KEY_PATTERN, PaymentStore, TOKEN_PATTERN};
 
 use crate::error::Problem;
 use crate::routes::views::WorkflowStateSchema;
-use crate::routes::{audit, compat, ops, orders, payments, search, tokens, unresolved};
+use crate::routes::{audit, compat, ops, orders, payments, search, tokens, unresolved, whoami};
 use crate::state::AppState;
 
 /// The API's document.
@@ -40,6 +40,7 @@ use crate::state::AppState;
         audit::list_audit,
         search::search,
         unresolved::unresolved,
+        whoami::whoami,
         ops::healthz,
         ops::readyz,
         ops::metrics,

@@ -26,6 +26,7 @@ pub mod search;
 pub mod tokens;
 pub mod unresolved;
 pub mod views;
+pub mod whoami;
 
 /// Largest request body accepted.
 pub const BODY_LIMIT: usize = 64 * 1024;
@@ -51,6 +52,7 @@ pub(crate) fn app<S: PaymentStore>(state: AppState<S>, more: Router<AppState<S>>
         .route("/v1/audit", get(audit::list_audit::<S>))
         .route("/v1/search", get(search::search::<S>))
         .route("/v1/unresolved", get(unresolved::unresolved::<S>))
+        .route("/v1/whoami", get(whoami::whoami))
         .route("/healthz", get(ops::healthz))
         .route("/readyz", get(ops::readyz::<S>))
         .route("/metrics", get(ops::metrics::<S>))

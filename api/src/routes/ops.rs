@@ -36,6 +36,10 @@ pub struct ListQuery {
     pub before: Option<i64>,
     /// Page size (1–1000, default 50).
     pub limit: Option<i64>,
+    /// Operators: only this tenant's workflows (a tenant key lists its own only, whatever it asks).
+    pub tenant: Option<String>,
+    /// Only workflows of this type (`payment`, …).
+    pub name: Option<String>,
 }
 
 /// A cursor as clients see it: `<created_at>.<workflow id, hex>` (opaque to clients; documented by the pattern
@@ -152,7 +156,8 @@ pub async fn list_workflows<S: PaymentStore>(
         (None, Some(before)) => Some(Cursor::before_time(before)),
         (None, None) => None,
     };
-    let filter = WorkflowFilter { tenant: caller.tenant_scope(), state: wanted, after: after.as_ref() };
+    let tenant = caller.tenant_scope().or(q.tenant.as_deref());
+    let filter = WorkflowFilter { tenant, state: wanted, after: after.as_ref(), name: q.name.as_deref() };
     // One row more than the page says whether another page follows, so that no empty page carries a cursor.
     let mut page = state.payments.engine().list(filter, limit + 1).await?;
     let more = page.len() as i64 > limit;
