@@ -342,3 +342,66 @@ async fn the_console_is_served_with_a_strict_policy_and_no_cors() {
         assert!(answer.headers.keys().all(|k| !k.as_str().starts_with("access-control-")), "{:?}", answer.headers);
     }
 }
+
+/// A measurement, not a check: how long the console's first view (Attention) takes to be drawn with 10,000
+/// payments stored (plus some unresolved ones). Run: `cargo test -p onceflow-api --test console
+/// first_view_with_10000_payments -- --ignored --nocapture` (with DATABASE_URL for Postgres too).
+#[ignore = "a measurement: run it with --ignored --nocapture"]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn first_view_with_10000_payments() {
+    for backend in ["sqlite", "postgres"] {
+        let Some(url) = database(backend).await else { continue };
+        seed(&url, 10_000).await;
+        let (app, _channel) = app_over_channel(&url, Duration::from_secs(30), keys()).await;
+        let acme = as_key(&app, ACME);
+        for i in 0..5 {
+            start_payment(&acme, &format!("U-{i}")).await;
+        }
+        let browser = browser().await;
+        browser.sign_in(&app.base, OPERATOR).await;
+        let mut times = Vec::new();
+        for _ in 0..5 {
+            // A fresh load each time: the page, its modules and its first API calls (the key is in the tab).
+            browser.open("about:blank").await;
+            let started = Instant::now();
+            browser.open(&format!("{}/console/#/", app.base)).await;
+            browser.text_with("main", "Workflows failed", 10).await;
+            browser.text_with("main", "U-4", 10).await;
+            times.push(started.elapsed());
+        }
+        browser.screenshot(&format!("attention-10000-{backend}")).await;
+        println!("first view on {backend} with 10,000 payments: {times:?}");
+        browser.close().await;
+    }
+}
+
+/// Stores `n` succeeded payments for acme (library calls, 16 at a time).
+async fn seed(url: &str, n: usize) {
+    use onceflow_api::{OnPayments, with_payments};
+    use onceflow_payments::{Currency, MockChannel, OrderNo, PaymentRequest, PaymentStore, Payments};
+    struct Seed(usize);
+    impl OnPayments for Seed {
+        type Output = ();
+        async fn run<S: PaymentStore>(self, payments: Payments<S>) {
+            let cny = Currency::parse("CNY").unwrap();
+            let mut tasks = tokio::task::JoinSet::new();
+            for worker in 0..16 {
+                let (payments, cny, n) = (payments.clone(), cny.clone(), self.0);
+                tasks.spawn(async move {
+                    for i in (worker..n).step_by(16) {
+                        let order_no = OrderNo::parse(format!("S-{i}")).unwrap();
+                        payments.create_order("acme", &order_no, 1000, &cny).await.unwrap();
+                        let token = payments.issue_token("acme").await.unwrap().token;
+                        let request = PaymentRequest::new(order_no, 1000, cny.clone(), None).unwrap();
+                        let r = payments.pay("acme", &token, "/v1/payments", &request, Duration::from_secs(10)).await;
+                        assert_eq!(r.unwrap().status, 201);
+                    }
+                });
+            }
+            while tasks.join_next().await.is_some() {}
+        }
+    }
+    let channel = Arc::new(MockChannel::reliable());
+    let config = onceflow_engine::EngineConfig::default();
+    with_payments(url, channel, config, 16, Seed(n)).await.unwrap();
+}
