@@ -35,6 +35,7 @@ mod routes;
 mod run;
 mod server;
 mod state;
+pub mod telemetry;
 
 pub use app::app;
 pub use database::{OnPayments, redact, with_payments};

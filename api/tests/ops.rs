@@ -116,6 +116,7 @@ async fn insert_workflows(
                     created_at: self.2,
                     updated_at: self.2,
                     tenant: self.1.map(str::to_owned),
+                    trace: None,
                 };
                 assert!(store.insert_workflow(&mut tx, &record, &[]).await.unwrap());
                 ids.insert(id);

@@ -80,6 +80,7 @@ mod retry;
 mod run;
 mod step;
 pub mod store;
+pub mod trace;
 mod workflow;
 
 pub use audit::{AuditAction, MAX_AUDIT};

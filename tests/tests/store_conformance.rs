@@ -23,6 +23,7 @@ fn workflow(id: &str, owner: Option<&str>, lease_expires_at: Option<i64>, next_a
         created_at: next_attempt_at,
         updated_at: next_attempt_at,
         tenant: None,
+        trace: None,
     }
 }
 

@@ -67,7 +67,12 @@ pub(crate) fn app<S: PaymentStore>(state: AppState<S>, more: Router<AppState<S>>
         .layer(PropagateRequestIdLayer::new(request_id.clone()))
         .layer(TraceLayer::new_for_http().make_span_with(|req: &Request| {
             let id = req.headers().get("x-request-id").and_then(|v| v.to_str().ok()).unwrap_or("-");
-            tracing::info_span!("request", method = %req.method(), path = %req.uri().path(), request_id = %id)
+            let span =
+                tracing::info_span!("request", method = %req.method(), path = %req.uri().path(), request_id = %id);
+            // A caller's W3C trace context: this request, and the workflow it starts, join that trace.
+            let parent = req.headers().get("traceparent").and_then(|v| v.to_str().ok());
+            onceflow_engine::trace::adopt(&span, parent);
+            span
         }))
         .layer(SetRequestIdLayer::new(request_id, MakeRequestUuid))
         .with_state(state)

@@ -98,7 +98,12 @@ impl<S: Store> WorkflowContext<S> {
                 seq,
             })
             .collect();
-        let result = self.commit_in_one_call(update, Some(PhaseCommit { phase, rows: &rows, now })).await;
+        let span = tracing::info_span!("step", workflow_id = %self.run.workflow_id, step_key = %keys.join(","), kind = "statement phase");
+        let result = tracing::Instrument::instrument(
+            self.commit_in_one_call(update, Some(PhaseCommit { phase, rows: &rows, now })),
+            span,
+        )
+        .await;
         drop(rows);
         let outputs = match result {
             Ok(Some(Committed::Done { outputs, .. })) => outputs,

@@ -50,6 +50,8 @@ pub struct WorkflowRecord {
     /// query. `None` for a workflow type without tenants, and for rows inserted before the column existed
     /// (migration 0011) or by an older binary.
     pub tenant: Option<String>,
+    /// The W3C `traceparent` of the span that started it (see [`crate::trace`]); `None` when traces are off.
+    pub trace: Option<String>,
 }
 
 /// One step of a workflow as stored, unique on `(workflow_id, step_key)`.

@@ -45,7 +45,7 @@ const SESSION: [&str; 2] =
 /// Inserts a workflow with its compensation list, in the order of [`bind_workflow`]; a duplicate key fails it.
 const INSERT_WORKFLOW: &str = "INSERT INTO workflows (workflow_id, name, input, input_hash, state, output, error, \
     lease_owner, lease_expires_at, lease_epoch, next_attempt_at, notify, created_at, updated_at, compensations, \
-    tenant) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
+    tenant, trace) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
 /// Inserts step rows (followed by a `(?, …)` list per row, in the order of [`bind_steps`]).
 const INSERT_STEPS: &str = "INSERT INTO workflow_steps \
     (workflow_id, step_key, step_name, kind, status, attempts, output, error, started_at, finished_at, seq) VALUES ";
@@ -164,6 +164,7 @@ fn bind_workflow<'q>(q: MySqlQuery<'q>, wf: &WorkflowRecord, comps: String) -> M
         .bind(wf.updated_at)
         .bind(comps)
         .bind(&wf.tenant)
+        .bind(&wf.trace)
 }
 
 /// Binds `steps` for [`INSERT_STEPS`].

@@ -11,13 +11,13 @@ use super::super::{StepRecord, WorkflowRecord, WorkflowUpdate, common};
 pub(super) type SqliteQuery<'q> = sqlx::query::Query<'q, Sqlite, SqliteArguments>;
 
 /// Parameters of [`insert_workflow_sql`].
-pub(super) const WORKFLOW_PARAMS: usize = 16;
+pub(super) const WORKFLOW_PARAMS: usize = 17;
 
 /// Inserts a workflow with its compensation list, parameters from `$first` in the order of [`bind_workflow`],
 /// unless its id exists.
 pub(super) fn insert_workflow_sql(first: usize) -> String {
     let mut sql = "INSERT INTO workflows (workflow_id, name, input, input_hash, state, output, error, lease_owner, \
-        lease_expires_at, lease_epoch, next_attempt_at, notify, created_at, updated_at, compensations, tenant) VALUES "
+        lease_expires_at, lease_epoch, next_attempt_at, notify, created_at, updated_at, compensations, tenant, trace) VALUES "
         .to_owned();
     common::push_value_rows(&mut sql, 1, WORKFLOW_PARAMS, Some(first));
     sql.push_str(" ON CONFLICT (workflow_id) DO NOTHING");
@@ -42,6 +42,7 @@ pub(super) fn bind_workflow<'q>(q: SqliteQuery<'q>, wf: &WorkflowRecord, comps: 
         .bind(wf.updated_at)
         .bind(comps)
         .bind(&wf.tenant)
+        .bind(&wf.trace)
 }
 
 /// `workflow_steps` with its columns, in the order [`bind_steps`] binds them.
