@@ -206,7 +206,7 @@ on_every_backend!(an_operator_finds_reads_and_cancels_a_payment);
 /// Sign in with an operator key, find a payment by its order number, read its timeline; cancel a payment whose
 /// charge the channel holds in flight, with a reason, and see it compensated and the audit entry on the page.
 async fn an_operator_finds_reads_and_cancels_a_payment(url: String, backend: &str) {
-    let (app, channel) = app_over_channel(&url, Duration::from_secs(6), keys()).await;
+    let (app, channel) = app_over_channel(&url, Duration::from_secs(12), keys()).await;
     let acme = as_key(&app, ACME);
     let browser = browser().await;
     browser.sign_in(&app.base, OPERATOR).await;
@@ -235,7 +235,7 @@ async fn an_operator_finds_reads_and_cancels_a_payment(url: String, backend: &st
     assert_eq!(channel.kept("acme", "O-2"), 0, "nothing kept of the cancelled payment");
 
     // The other payment went through: find it by its order number and read its steps in the order they ran.
-    let deadline = Instant::now() + Duration::from_secs(20);
+    let deadline = Instant::now() + Duration::from_secs(40);
     while payment_of(&acme, &paid).await["status"] != "succeeded" && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
