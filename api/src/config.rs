@@ -15,6 +15,10 @@ pub struct Cli {
     /// Log format on stderr (`RUST_LOG` filters).
     #[arg(long, env = "ONCEFLOW_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true)]
     pub log_format: LogFormat,
+    /// Send traces over OTLP/HTTP to this collector (its base URL, e.g. `http://127.0.0.1:4318`;
+    /// `OTEL_EXPORTER_OTLP_ENDPOINT` is read too); off when absent.
+    #[arg(long, env = "ONCEFLOW_OTLP_ENDPOINT", global = true)]
+    pub otlp_endpoint: Option<String>,
     /// What to run.
     #[command(subcommand)]
     pub command: Command,
@@ -449,6 +453,9 @@ pub enum WorkflowsCommand {
         database: DatabaseArgs,
         /// The workflow id.
         workflow_id: String,
+        /// Why (at most 500 characters): kept in the audit log with the action, as `cli:<user>`'s.
+        #[arg(long, env = "ONCEFLOW_REASON")]
+        reason: Option<String>,
     },
     /// Cancel a running workflow: its compensations run.
     Cancel {
@@ -457,6 +464,9 @@ pub enum WorkflowsCommand {
         database: DatabaseArgs,
         /// The workflow id.
         workflow_id: String,
+        /// Why (at most 500 characters): kept in the audit log with the action, as `cli:<user>`'s.
+        #[arg(long, env = "ONCEFLOW_REASON")]
+        reason: Option<String>,
     },
 }
 

@@ -3,6 +3,32 @@
 
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+use utoipa::ToSchema;
+
+/// A problem (RFC 9457), the shape of every error.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Problem {
+    /// `urn:onceflow:problem:<code>`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// Short summary.
+    pub title: String,
+    /// HTTP status.
+    pub status: u16,
+    /// This occurrence.
+    pub detail: String,
+    /// Stable, machine-readable: invalid_request, idempotency_key_missing, idempotency_key_invalid,
+    /// idempotency_key_mismatch, token_not_found, order_not_found, order_conflict, order_not_payable,
+    /// amount_mismatch, request_no_conflict, payment_declined, payment_not_found, workflow_not_found,
+    /// invalid_state, event_not_found, endpoint_not_found, endpoint_disabled, endpoint_limit, webhook_url_refused,
+    /// cursor_expired, notification_unverified, reconciliation_not_found, unauthorized, forbidden, not_found,
+    /// method_not_allowed, payload_too_large, request_timeout, unsupported_media_type, unavailable, internal.
+    pub code: String,
+    /// With `payment_declined`: the channel's reason.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub decline_code: Option<String>,
+}
 
 /// An error answered as `application/problem+json` with a stable `code`.
 #[derive(Debug, Clone, PartialEq, Eq)]

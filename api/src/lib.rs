@@ -20,7 +20,9 @@
 //! ```
 #![forbid(unsafe_code)]
 
+mod app;
 pub mod config;
+mod console;
 mod consume;
 mod database;
 mod error;
@@ -35,10 +37,12 @@ mod routes;
 mod run;
 mod server;
 mod state;
+pub mod telemetry;
 
+pub use app::app;
 pub use database::{OnPayments, redact, with_payments};
 pub use error::ApiError;
 pub use openapi::ApiDoc;
-pub use routes::{BODY_LIMIT, app};
+pub use routes::BODY_LIMIT;
 pub use run::{run, shutdown_signal};
 pub use state::{AppState, Auth, Caller, DEFAULT_TENANT, Keys, Tenant};

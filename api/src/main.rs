@@ -1,21 +1,17 @@
-//! The `onceflow` binary: parses the command line, sets up logging and runs the command.
+//! The `onceflow` binary: parses the command line, sets up logs (and traces) and runs the command.
 
 use std::process::ExitCode;
 
 use clap::Parser;
-use onceflow_api::config::{Cli, LogFormat};
-use tracing_subscriber::EnvFilter;
+use onceflow_api::config::Cli;
 
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn"));
-    // Colours only for a terminal: a log file or a collector gets plain text.
-    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let logs = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
-    match cli.log_format {
-        LogFormat::Json => logs.json().init(),
-        LogFormat::Text => logs.init(),
-    }
-    onceflow_api::run(cli.command).await
+    let endpoint = cli.otlp_endpoint.clone().or_else(|| std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT").ok());
+    let telemetry = onceflow_api::telemetry::init(cli.log_format, endpoint.as_deref());
+    let code = onceflow_api::run(cli.command).await;
+    // Flushes the last spans (on a blocking thread: the exporter posts with a blocking client).
+    let _ = tokio::task::spawn_blocking(move || drop(telemetry)).await;
+    code
 }

@@ -4,39 +4,21 @@
 //! body `400`, and with a JSON body `413` and `415`; parameters are where the server reads them; identifiers,
 //! amounts and currencies carry the constraints the server checks.
 
-use serde::Serialize;
+use axum::Json;
+use axum::Router;
+use axum::routing::get;
 use serde_json::{Value, json};
 use utoipa::{OpenApi, ToSchema};
 
-use onceflow_payments::{KEY_PATTERN, TOKEN_PATTERN};
+use onceflow_payments::{KEY_PATTERN, PaymentStore, TOKEN_PATTERN};
 
+use crate::error::Problem;
 use crate::routes::views::WorkflowStateSchema;
-use crate::routes::{compat, events, notifications, ops, orders, payments, reconciliations, tokens, webhooks};
-
-/// A problem (RFC 9457), the shape of every error.
-#[derive(Debug, Serialize, ToSchema)]
-pub struct Problem {
-    /// `urn:onceflow:problem:<code>`.
-    #[serde(rename = "type")]
-    pub kind: String,
-    /// Short summary.
-    pub title: String,
-    /// HTTP status.
-    pub status: u16,
-    /// This occurrence.
-    pub detail: String,
-    /// Stable, machine-readable: invalid_request, idempotency_key_missing, idempotency_key_invalid,
-    /// idempotency_key_mismatch, token_not_found, order_not_found, order_conflict, order_not_payable,
-    /// amount_mismatch, request_no_conflict, payment_declined, payment_not_found, workflow_not_found,
-    /// invalid_state, event_not_found, endpoint_not_found, endpoint_disabled, endpoint_limit, webhook_url_refused,
-    /// cursor_expired, unauthorized, forbidden, not_found, method_not_allowed, payload_too_large, request_timeout,
-    /// invalid_state, notification_unverified, reconciliation_not_found, unauthorized, forbidden, not_found, method_not_allowed, payload_too_large, request_timeout,
-    /// unsupported_media_type, unavailable, internal.
-    pub code: String,
-    /// With `payment_declined`: the channel's reason.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub decline_code: Option<String>,
-}
+use crate::routes::{
+    audit, compat, events, notifications, ops, orders, payments, reconciliations, search, tokens, unresolved, webhooks,
+    whoami,
+};
+use crate::state::AppState;
 
 /// The API's document.
 #[derive(OpenApi)]
@@ -58,10 +40,13 @@ pub struct Problem {
         ops::get_workflow,
         ops::retry_workflow,
         ops::cancel_workflow,
+        audit::list_audit,
+        search::search,
+        unresolved::unresolved,
+        whoami::whoami,
         ops::healthz,
         ops::readyz,
         ops::metrics,
-        ops::openapi,
         events::list_events,
         events::get_event,
         events::redeliver,
@@ -74,10 +59,22 @@ pub struct Problem {
         webhooks::list_attempts,
         notifications::take,
         reconciliations::list,
+        openapi,
     ),
     components(schemas(Problem))
 )]
 pub struct ApiDoc;
+
+/// The route that serves the document: here, above the routes it describes, so that no route needs this module.
+pub(crate) fn routes<S: PaymentStore>() -> Router<AppState<S>> {
+    Router::new().route("/openapi.json", get(openapi))
+}
+
+/// This document.
+#[utoipa::path(get, path = "/openapi.json", tag = "operations", responses((status = 200, description = "OpenAPI 3.1")))]
+pub async fn openapi() -> Json<Value> {
+    Json(document())
+}
 
 /// The served document: the generated one, completed (see the module docs).
 pub fn document() -> Value {

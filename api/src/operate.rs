@@ -3,6 +3,7 @@
 //! printed for people.
 
 use onceflow_engine::WorkflowView;
+use onceflow_engine::store::{AuditRecord, WorkflowRecord, WorkflowState};
 use onceflow_payments::{PaymentStore, Payments};
 use serde_json::Value;
 
@@ -31,17 +32,69 @@ impl OnPayments for Operate {
                 println!("({} shown)", page.len());
             }
             WorkflowsCommand::Show { workflow_id, .. } => {
+                let audit = engine.audit(Some(&workflow_id), None, onceflow_engine::MAX_AUDIT).await?;
                 let view = engine.workflow(&workflow_id).await?.ok_or(onceflow_engine::Error::NotFound(workflow_id))?;
-                print!("{}", shown(view));
+                print!("{}", shown(view, audit));
             }
-            WorkflowsCommand::Retry { workflow_id, .. } => {
-                println!("{workflow_id} is now {}", engine.retry(&workflow_id).await?.state);
+            WorkflowsCommand::Retry { workflow_id, reason, .. } => {
+                let state = audited(engine, "retry", &workflow_id, reason, engine.retry(&workflow_id)).await?;
+                println!("{workflow_id} is now {state}");
             }
-            WorkflowsCommand::Cancel { workflow_id, .. } => {
-                println!("{workflow_id} is now {}", engine.cancel(&workflow_id).await?.state);
+            WorkflowsCommand::Cancel { workflow_id, reason, .. } => {
+                let state = audited(engine, "cancel", &workflow_id, reason, engine.cancel(&workflow_id)).await?;
+                println!("{workflow_id} is now {state}");
             }
         }
         Ok(())
+    }
+}
+
+/// Runs the action `act` on workflow `workflow_id` on the record, as the HTTP API does (see
+/// `routes/audit.rs`): recorded as `cli:<user>`'s before it runs, completed with its answer after. A workflow that
+/// does not exist is not acted on, nor recorded.
+async fn audited<S: PaymentStore>(
+    engine: &onceflow_engine::Engine<S>,
+    action: &str,
+    workflow_id: &str,
+    reason: Option<String>,
+    act: impl std::future::Future<Output = onceflow_engine::Result<WorkflowRecord>>,
+) -> onceflow_engine::Result<WorkflowState> {
+    let record = engine
+        .store()
+        .workflow(workflow_id)
+        .await?
+        .ok_or_else(|| onceflow_engine::Error::NotFound(workflow_id.into()))?;
+    let user = std::env::var("USER").unwrap_or_else(|_| "unknown".to_owned());
+    let reason: Option<String> = reason.map(|r| r.chars().take(crate::routes::audit::MAX_REASON).collect());
+    let entry = onceflow_engine::AuditAction {
+        actor: format!("cli:{user}"),
+        action: action.to_owned(),
+        workflow_id: Some(record.workflow_id),
+        subject: None,
+        tenant: record.tenant,
+        reason,
+    };
+    let id = engine.audit_begin(entry).await?;
+    let done = act.await;
+    let (status, result) = match &done {
+        Ok(w) => (200, format!("now {}", w.state)),
+        Err(e) => {
+            let problem = crate::error::ApiError::from(clone_error(e));
+            (problem.status.as_u16(), format!("{}: {}", problem.code, problem.detail))
+        }
+    };
+    engine.audit_end(&id, status, &result).await?;
+    done.map(|w| w.state)
+}
+
+/// The parts of an engine error its answer is made of (the error itself is not `Clone`).
+fn clone_error(e: &onceflow_engine::Error) -> onceflow_engine::Error {
+    match e {
+        onceflow_engine::Error::NotFound(id) => onceflow_engine::Error::NotFound(id.clone()),
+        onceflow_engine::Error::InvalidState { workflow_id, state, reason } => {
+            onceflow_engine::Error::InvalidState { workflow_id: workflow_id.clone(), state: state.clone(), reason }
+        }
+        other => onceflow_engine::Error::Interrupted(other.to_string()),
     }
 }
 
@@ -59,8 +112,8 @@ fn block(out: &mut String, heading: &str, value: &Value) {
 
 /// `workflows show`: the workflow's fields, its input, output and error, its steps (each with its output or
 /// error) and its compensations.
-fn shown(view: WorkflowView) -> String {
-    let WorkflowDetail { workflow: w, steps, compensations } = view.into();
+fn shown(view: WorkflowView, audit: Vec<AuditRecord>) -> String {
+    let WorkflowDetail { workflow: w, steps, compensations, .. } = view.into();
     let mut out = String::new();
     for (label, value) in [
         ("workflow", Some(w.workflow_id)),
@@ -69,7 +122,7 @@ fn shown(view: WorkflowView) -> String {
         ("epoch", Some(w.lease_epoch.to_string())),
         ("created", Some(w.created_at)),
         ("updated", Some(w.updated_at)),
-        ("next try", Some(w.next_attempt_at)),
+        ("next try", w.next_attempt_at),
         ("lease to", w.lease_expires_at),
     ] {
         if let Some(value) = value {
@@ -103,6 +156,15 @@ fn shown(view: WorkflowView) -> String {
         out.push_str(&format!("\n{:>4} {:<36} {:<16} STATUS\n", "SEQ", "STEP", "COMPENSATION"));
         for c in compensations {
             out.push_str(&format!("{:>4} {:<36} {:<16} {}\n", c.seq, c.step_key, c.name, c.status));
+        }
+    }
+    if !audit.is_empty() {
+        out.push_str(&format!("\n{:<24}  {:<16} {:<14} {:<28} REASON\n", "AUDIT", "ACTOR", "ACTION", "RESULT"));
+        for a in audit {
+            let at = crate::routes::orders::rfc3339(a.at);
+            let result = a.result.unwrap_or_else(|| "(no answer: interrupted)".to_owned());
+            let reason = a.reason.unwrap_or_default();
+            out.push_str(&format!("{at:<24}  {:<16} {:<14} {result:<28} {reason}\n", a.actor, a.action));
         }
     }
     out

@@ -215,7 +215,7 @@ impl OnPayments for Serve {
                 header_read_timeout: args.header_read_timeout,
                 max_connections: usize::try_from(args.max_connections).unwrap_or(usize::MAX),
             };
-            let app = crate::routes::app(state).layer(axum::Extension(Arc::new(accounts)));
+            let app = crate::app(state).layer(axum::Extension(Arc::new(accounts)));
             crate::server::serve(listener, app, limits, shutdown_signal()).await?;
         } else {
             tracing::info!("worker running");

@@ -98,6 +98,19 @@ impl Auth {
         Self::Keys(Arc::new(Keys { tenants, operators: digests(pairs) }))
     }
 
+    /// The tenants the configured keys name (`default` without keys): the tenants an operator's search reads.
+    pub fn tenants(&self) -> Vec<String> {
+        match self {
+            Self::SingleTenant => vec![DEFAULT_TENANT.to_owned()],
+            Self::Keys(keys) => {
+                let mut names: Vec<String> = keys.tenants.iter().map(|(t, _)| t.clone()).collect();
+                names.sort();
+                names.dedup();
+                names
+            }
+        }
+    }
+
     /// Whether operator keys are configured (then `/metrics` is theirs).
     pub fn has_operators(&self) -> bool {
         matches!(self, Self::Keys(keys) if !keys.operators.is_empty())

@@ -116,6 +116,7 @@ async fn insert_workflows(
                     created_at: self.2,
                     updated_at: self.2,
                     tenant: self.1.map(str::to_owned),
+                    trace: None,
                 };
                 assert!(store.insert_workflow(&mut tx, &record, &[]).await.unwrap());
                 ids.insert(id);
@@ -370,7 +371,7 @@ async fn the_list_query_uses_the_index_on_postgres() {
     // scan: `enable_seqscan = off` only makes it very expensive).
     sqlx::query("SET enable_seqscan = off").execute(&mut *conn).await.unwrap();
     let cursor = Cursor { created_at: 1_700_000_000_000, workflow_id: "same-ms-020-acme".into() };
-    let tenant = |state, after| WorkflowFilter { tenant: Some("acme"), state, after };
+    let tenant = |state, after| WorkflowFilter { tenant: Some("acme"), state, after, name: None };
     for (filter, index) in [
         (tenant(None, None), "workflows_tenant_page"),
         (tenant(None, Some(&cursor)), "workflows_tenant_page"),

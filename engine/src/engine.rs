@@ -169,6 +169,7 @@ impl<S: Store> Engine<S> {
             created_at: now,
             updated_at: now,
             tenant,
+            trace: crate::trace::current(),
         };
         let (tx, rx) = oneshot::channel();
         let early = self.core.subscribe(workflow_id);

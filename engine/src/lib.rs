@@ -63,6 +63,7 @@
 #![deny(missing_docs)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
 
+mod audit;
 mod background;
 pub mod clock;
 mod config;
@@ -79,8 +80,10 @@ mod retry;
 mod run;
 mod step;
 pub mod store;
+pub mod trace;
 mod workflow;
 
+pub use audit::{AuditAction, MAX_AUDIT};
 pub use config::EngineConfig;
 pub use context::WorkflowContext;
 pub use counts::WorkflowCounts;

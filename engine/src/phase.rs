@@ -104,6 +104,8 @@ pub struct PhaseRow<'a> {
     pub finished: bool,
     /// Condition for writing it.
     pub when: Option<&'a str>,
+    /// Its place in the order the workflow ran its steps ([`crate::store::StepRecord::seq`]).
+    pub seq: i32,
 }
 
 /// A statement phase as one commit writes it.

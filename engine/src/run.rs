@@ -30,9 +30,17 @@ pub(crate) async fn drive<S: Store>(
     started: Option<StartSignal>,
 ) {
     let (workflow_id, input_hash) = (record.workflow_id.clone(), record.input_hash.clone());
+    // One span per run, a child of the context stored with the workflow: a run resumed by another process joins
+    // the trace of the request that started it.
+    let span = tracing::info_span!("workflow run", workflow_id = %record.workflow_id, name = %record.name,
+        tenant = record.tenant.as_deref().unwrap_or(""));
+    crate::trace::adopt(&span, record.trace.as_deref());
     let mut stopped = Stopped { core, workflow_id, run, returned: false, ended: None, unrecorded: None };
-    let outcome =
-        drive_until_stopped(&stopped.core, wf.as_ref(), record, insert, started, &mut stopped.unrecorded).await;
+    let outcome = tracing::Instrument::instrument(
+        drive_until_stopped(&stopped.core, wf.as_ref(), record, insert, started, &mut stopped.unrecorded),
+        span,
+    )
+    .await;
     stopped.returned = true;
     stopped.ended = outcome.map(|outcome| Arc::new(Ended { outcome, input_hash }));
 }

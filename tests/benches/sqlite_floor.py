@@ -89,13 +89,13 @@ def main():
             (f"r{n}", f"o{n}"),
         )
         c.execute(
-            "INSERT INTO workflows VALUES (?, 'payment', ?, 'h', 'running', NULL, NULL, 'owner', 2, 1, 1, 0, 1, 1, ?, 'default')",
+            "INSERT INTO workflows VALUES (?, 'payment', ?, 'h', 'running', NULL, NULL, 'owner', 2, 1, 1, 0, 1, 1, ?, 'default', NULL)",
             (wf, "x" * 300, compensations),
         )
-        for key in ["claim_token", "insert_record", "reserve_status", "call_channel"]:
+        for seq, key in enumerate(["claim_token", "insert_record", "reserve_status", "call_channel"]):
             c.execute(
-                "INSERT INTO workflow_steps VALUES (?, ?, ?, 'transactional', 'completed', 1, 'true', NULL, 1, 1)",
-                (wf, key, key),
+                "INSERT INTO workflow_steps VALUES (?, ?, ?, 'transactional', 'completed', 1, 'true', NULL, 1, 1, ?)",
+                (wf, key, key, seq),
             )
         c.execute(end)
         c.execute(begin)
@@ -114,7 +114,7 @@ def main():
             (body, f"tok{n}"),
         )
         c.execute(
-            "INSERT INTO workflow_steps VALUES (?, 'confirm', 'confirm', 'transactional', 'completed', 1, ?, NULL, 1, 1)",
+            "INSERT INTO workflow_steps VALUES (?, 'confirm', 'confirm', 'transactional', 'completed', 1, ?, NULL, 1, 1, 4)",
             (wf, body),
         )
         c.execute(

@@ -164,6 +164,7 @@ fn leased(id: &str, owner: &str, lease_expires_at: i64, state: WorkflowState) ->
         created_at: 0,
         updated_at: 0,
         tenant: None,
+        trace: None,
     }
 }
 

@@ -23,6 +23,7 @@ fn workflow(id: &str, owner: Option<&str>, lease_expires_at: Option<i64>, next_a
         created_at: next_attempt_at,
         updated_at: next_attempt_at,
         tenant: None,
+        trace: None,
     }
 }
 
@@ -38,6 +39,7 @@ fn step_row(id: &str, key: &str, status: StepStatus, started_at: i64) -> StepRec
         error: None,
         started_at,
         finished_at: Some(started_at),
+        seq: None,
     }
 }
 

@@ -294,12 +294,25 @@ struct Task<S: PaymentStore> {
     broken: CancellationToken,
 }
 
+/// The `traceparent` header of a message, if it carries one as text.
+fn traceparent(delivery: &Delivery) -> Option<String> {
+    let headers = delivery.properties.headers().as_ref()?;
+    match headers.inner().iter().find(|(k, _)| k.as_str() == "traceparent")?.1 {
+        AMQPValue::LongString(s) => Some(s.to_string()),
+        AMQPValue::ShortString(s) => Some(s.to_string()),
+        _ => None,
+    }
+}
+
 impl<S: PaymentStore> Task<S> {
     /// Handles one delivery to its acknowledgement (or its return to the queue when `abandon` fires first).
     async fn handle(self, delivery: Delivery, abandon: CancellationToken) {
         let _in_flight = InFlight::new();
+        // A publisher's W3C trace context in the message's headers: the payment it starts joins that trace.
+        let span = tracing::info_span!("message", queue = %self.cx.settings.queue);
+        onceflow_engine::trace::adopt(&span, traceparent(&delivery).as_deref());
         tokio::select! {
-            () = self.process(&delivery) => {}
+            () = tracing::Instrument::instrument(self.process(&delivery), span) => {}
             () = abandon.cancelled() => requeue(&delivery).await,
         }
     }

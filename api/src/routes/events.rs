@@ -192,9 +192,9 @@ fn types(raw: Option<&str>) -> Result<Vec<EventType>, ApiError> {
 #[utoipa::path(get, path = "/v1/events", tag = "events", params(LogQuery),
     responses(
         (status = 200, description = "A page of events, in commit order", body = EventPage),
-        (status = 400, description = "invalid_request: a cursor this API did not give, an unknown type, a limit out of range", body = crate::openapi::Problem),
-        (status = 403, description = "forbidden: a tenant key naming another tenant", body = crate::openapi::Problem),
-        (status = 410, description = "cursor_expired: events after the cursor were deleted by retention", body = crate::openapi::Problem),
+        (status = 400, description = "invalid_request: a cursor this API did not give, an unknown type, a limit out of range", body = crate::error::Problem),
+        (status = 403, description = "forbidden: a tenant key naming another tenant", body = crate::error::Problem),
+        (status = 410, description = "cursor_expired: events after the cursor were deleted by retention", body = crate::error::Problem),
     ))]
 pub async fn list_events<S: PaymentStore>(
     State(state): State<AppState<S>>,
@@ -222,7 +222,7 @@ pub async fn list_events<S: PaymentStore>(
     params(("event_id" = String, Path, description = "The event (evt_…)")),
     responses(
         (status = 200, description = "The event and its deliveries", body = EventDetail),
-        (status = 404, description = "event_not_found", body = crate::openapi::Problem),
+        (status = 404, description = "event_not_found", body = crate::error::Problem),
     ))]
 pub async fn get_event<S: PaymentStore>(
     State(state): State<AppState<S>>,
@@ -242,8 +242,8 @@ pub async fn get_event<S: PaymentStore>(
     request_body(content = Redeliver, description = "Optional: one endpoint", content_type = "application/json"),
     responses(
         (status = 202, description = "Deliveries made, due now", body = Redelivered),
-        (status = 404, description = "event_not_found, endpoint_not_found", body = crate::openapi::Problem),
-        (status = 409, description = "endpoint_disabled", body = crate::openapi::Problem),
+        (status = 404, description = "event_not_found, endpoint_not_found", body = crate::error::Problem),
+        (status = 409, description = "endpoint_disabled", body = crate::error::Problem),
     ))]
 pub async fn redeliver<S: PaymentStore>(
     State(state): State<AppState<S>>,

@@ -16,6 +16,7 @@ use onceflow_payments::PaymentStore;
 
 use crate::state::AppState;
 
+pub mod audit;
 mod body;
 pub mod compat;
 pub mod events;
@@ -24,15 +25,19 @@ pub mod ops;
 pub mod orders;
 pub mod payments;
 pub mod reconciliations;
+pub mod search;
 pub mod tokens;
+pub mod unresolved;
 pub mod views;
 pub mod webhooks;
+pub mod whoami;
 
 /// Largest request body accepted.
 pub const BODY_LIMIT: usize = 64 * 1024;
 
-/// The whole HTTP API over `state`.
-pub fn app<S: PaymentStore>(state: AppState<S>) -> Router {
+/// The HTTP API's routes over `state`, with `more` (what the modules above the routes serve: the document, the
+/// console) merged in, inside the same layers.
+pub(crate) fn app<S: PaymentStore>(state: AppState<S>, more: Router<AppState<S>>) -> Router {
     crate::metrics::install();
     let request_id = HeaderName::from_static("x-request-id");
     let body_read_timeout = state.body_read_timeout;
@@ -62,10 +67,14 @@ pub fn app<S: PaymentStore>(state: AppState<S>) -> Router {
         .route("/v1/webhook-endpoints/{endpoint_id}/deliveries", get(webhooks::list_attempts::<S>))
         .route("/v1/channel/notifications", post(notifications::take::<S>))
         .route("/v1/reconciliations", get(reconciliations::list::<S>))
+        .route("/v1/audit", get(audit::list_audit::<S>))
+        .route("/v1/search", get(search::search::<S>))
+        .route("/v1/unresolved", get(unresolved::unresolved::<S>))
+        .route("/v1/whoami", get(whoami::whoami))
         .route("/healthz", get(ops::healthz))
         .route("/readyz", get(ops::readyz::<S>))
         .route("/metrics", get(ops::metrics::<S>))
-        .route("/openapi.json", get(ops::openapi))
+        .merge(more)
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         // Innermost: a body is read (within its time) before any route sees it, inside the request id, the trace
@@ -76,7 +85,12 @@ pub fn app<S: PaymentStore>(state: AppState<S>) -> Router {
         .layer(PropagateRequestIdLayer::new(request_id.clone()))
         .layer(TraceLayer::new_for_http().make_span_with(|req: &Request| {
             let id = req.headers().get("x-request-id").and_then(|v| v.to_str().ok()).unwrap_or("-");
-            tracing::info_span!("request", method = %req.method(), path = %req.uri().path(), request_id = %id)
+            let span =
+                tracing::info_span!("request", method = %req.method(), path = %req.uri().path(), request_id = %id);
+            // A caller's W3C trace context: this request, and the workflow it starts, join that trace.
+            let parent = req.headers().get("traceparent").and_then(|v| v.to_str().ok());
+            onceflow_engine::trace::adopt(&span, parent);
+            span
         }))
         .layer(SetRequestIdLayer::new(request_id, MakeRequestUuid))
         .with_state(state)

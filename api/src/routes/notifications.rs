@@ -49,8 +49,8 @@ fn unverified() -> ApiError {
     params(("Channel-Signature" = String, Header, description = "t=<unix seconds>,v1=<hex HMAC-SHA256(secret, \"t.body\")>; several v1= during a rotation")),
     responses(
         (status = 204, description = "Recorded (or recorded before: a repeat changes nothing)"),
-        (status = 400, description = "invalid_request: verified, but not a notification of the protocol", body = crate::openapi::Problem),
-        (status = 401, description = "notification_unverified: a bad or missing signature, an unknown merchant, or a time outside the tolerance; nothing recorded", body = crate::openapi::Problem),
+        (status = 400, description = "invalid_request: verified, but not a notification of the protocol", body = crate::error::Problem),
+        (status = 401, description = "notification_unverified: a bad or missing signature, an unknown merchant, or a time outside the tolerance; nothing recorded", body = crate::error::Problem),
     ),
     security(()))]
 pub async fn take<S: PaymentStore>(

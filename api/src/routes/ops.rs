@@ -14,6 +14,7 @@ use utoipa::IntoParams;
 use onceflow_payments::PaymentStore;
 
 use crate::error::ApiError;
+use crate::routes::audit::{Reason, Subject, audited};
 use crate::routes::views::{WorkflowBody, WorkflowDetail, WorkflowPage};
 use crate::state::{AppState, Caller, may_scrape};
 
@@ -35,6 +36,10 @@ pub struct ListQuery {
     pub before: Option<i64>,
     /// Page size (1–1000, default 50).
     pub limit: Option<i64>,
+    /// Operators: only this tenant's workflows (a tenant key lists its own only, whatever it asks).
+    pub tenant: Option<String>,
+    /// Only workflows of this type (`payment`, …).
+    pub name: Option<String>,
 }
 
 /// A cursor as clients see it: `<created_at>.<workflow id, hex>` (opaque to clients; documented by the pattern
@@ -100,14 +105,28 @@ async fn visible_view<S: PaymentStore>(
     params(("workflow_id" = String, Path, description = "The workflow (payments: pay:<token>)")),
     responses(
         (status = 200, description = "The workflow with its steps and compensations", body = WorkflowDetail),
-        (status = 404, description = "workflow_not_found (also another tenant's, for a tenant key)", body = crate::openapi::Problem),
+        (status = 404, description = "workflow_not_found (also another tenant's, for a tenant key)", body = crate::error::Problem),
     ))]
 pub async fn get_workflow<S: PaymentStore>(
     State(state): State<AppState<S>>,
     caller: Caller,
     Path(id): Path<String>,
 ) -> Result<Json<WorkflowDetail>, ApiError> {
-    Ok(Json(visible_view(&state, &caller, &id).await?.into()))
+    let mut detail: WorkflowDetail = visible_view(&state, &caller, &id).await?.into();
+    detail.audit = crate::routes::audit::of_workflow(&state, &caller, &id).await?;
+    Ok(Json(detail))
+}
+
+/// What an operator action on workflow `id` is about, for its audit entry: the workflow and its tenant.
+async fn action_on<S: PaymentStore>(state: &AppState<S>, id: &str) -> Result<Subject, ApiError> {
+    let Some(record) = state.payments.engine().store().workflow(id).await? else {
+        return Err(ApiError::not_found("workflow_not_found", format!("no workflow {id}")));
+    };
+    let tenant = record.tenant.clone().or_else(|| {
+        let input = serde_json::from_str::<serde_json::Value>(&record.input).ok()?;
+        input.get("tenant")?.as_str().map(str::to_owned)
+    });
+    Ok(Subject { workflow_id: Some(record.workflow_id), other: None, tenant })
 }
 
 /// A page of workflows, newest first (by creation time, then workflow id): a tenant key's own, an operator's
@@ -115,7 +134,7 @@ pub async fn get_workflow<S: PaymentStore>(
 #[utoipa::path(get, path = "/v1/workflows", tag = "operations", params(ListQuery),
     responses(
         (status = 200, description = "A page of workflows, newest first", body = WorkflowPage),
-        (status = 400, description = "invalid_request: an unknown state, a limit out of range, a cursor this server did not give", body = crate::openapi::Problem),
+        (status = 400, description = "invalid_request: an unknown state, a limit out of range, a cursor this server did not give", body = crate::error::Problem),
     ))]
 pub async fn list_workflows<S: PaymentStore>(
     State(state): State<AppState<S>>,
@@ -137,7 +156,8 @@ pub async fn list_workflows<S: PaymentStore>(
         (None, Some(before)) => Some(Cursor::before_time(before)),
         (None, None) => None,
     };
-    let filter = WorkflowFilter { tenant: caller.tenant_scope(), state: wanted, after: after.as_ref() };
+    let tenant = caller.tenant_scope().or(q.tenant.as_deref());
+    let filter = WorkflowFilter { tenant, state: wanted, after: after.as_ref(), name: q.name.as_deref() };
     // One row more than the page says whether another page follows, so that no empty page carries a cursor.
     let mut page = state.payments.engine().list(filter, limit + 1).await?;
     let more = page.len() as i64 > limit;
@@ -152,37 +172,47 @@ pub async fn list_workflows<S: PaymentStore>(
 /// Retries a failed workflow (compensation_failed: its compensations; failed with nothing compensated: forward).
 #[utoipa::path(post, path = "/v1/workflows/{workflow_id}/retry", tag = "operations",
     params(("workflow_id" = String, Path, description = "The workflow")),
+    request_body(content = Option<crate::routes::audit::ActionBody>, description = "Optional: why (kept in the audit log)"),
     responses(
         (status = 200, description = "Reopened", body = WorkflowBody),
-        (status = 403, description = "forbidden: a tenant key (retry is for operators)", body = crate::openapi::Problem),
-        (status = 404, description = "workflow_not_found", body = crate::openapi::Problem),
-        (status = 409, description = "invalid_state", body = crate::openapi::Problem),
+        (status = 403, description = "forbidden: a tenant key (retry is for operators)", body = crate::error::Problem),
+        (status = 404, description = "workflow_not_found", body = crate::error::Problem),
+        (status = 409, description = "invalid_state", body = crate::error::Problem),
     ))]
 pub async fn retry_workflow<S: PaymentStore>(
     State(state): State<AppState<S>>,
     caller: Caller,
     Path(id): Path<String>,
+    Reason(reason): Reason,
 ) -> Result<Json<WorkflowBody>, ApiError> {
     must_operate(&caller)?;
-    Ok(Json(state.payments.engine().retry(&id).await?.into()))
+    let subject = action_on(&state, &id).await?;
+    let act = async { Ok(state.payments.engine().retry(&id).await?) };
+    let done = audited(&state, &caller, "retry", subject, reason, act, |w| format!("now {}", w.state)).await?;
+    Ok(Json(done.into()))
 }
 
 /// Cancels a running workflow: any current run is fenced out and the compensations run.
 #[utoipa::path(post, path = "/v1/workflows/{workflow_id}/cancel", tag = "operations",
     params(("workflow_id" = String, Path, description = "The workflow")),
+    request_body(content = Option<crate::routes::audit::ActionBody>, description = "Optional: why (kept in the audit log)"),
     responses(
         (status = 200, description = "Cancelling", body = WorkflowBody),
-        (status = 403, description = "forbidden: a tenant key (cancel is for operators)", body = crate::openapi::Problem),
-        (status = 404, description = "workflow_not_found", body = crate::openapi::Problem),
-        (status = 409, description = "invalid_state", body = crate::openapi::Problem),
+        (status = 403, description = "forbidden: a tenant key (cancel is for operators)", body = crate::error::Problem),
+        (status = 404, description = "workflow_not_found", body = crate::error::Problem),
+        (status = 409, description = "invalid_state", body = crate::error::Problem),
     ))]
 pub async fn cancel_workflow<S: PaymentStore>(
     State(state): State<AppState<S>>,
     caller: Caller,
     Path(id): Path<String>,
+    Reason(reason): Reason,
 ) -> Result<Json<WorkflowBody>, ApiError> {
     must_operate(&caller)?;
-    Ok(Json(state.payments.engine().cancel(&id).await?.into()))
+    let subject = action_on(&state, &id).await?;
+    let act = async { Ok(state.payments.engine().cancel(&id).await?) };
+    let done = audited(&state, &caller, "cancel", subject, reason, act, |w| format!("now {}", w.state)).await?;
+    Ok(Json(done.into()))
 }
 
 /// The process is up.
@@ -193,7 +223,7 @@ pub async fn healthz() -> Json<serde_json::Value> {
 
 /// The database is reachable.
 #[utoipa::path(get, path = "/readyz", tag = "operations",
-    responses((status = 200, description = "Ready"), (status = 503, description = "unavailable", body = crate::openapi::Problem)))]
+    responses((status = 200, description = "Ready"), (status = 503, description = "unavailable", body = crate::error::Problem)))]
 pub async fn readyz<S: PaymentStore>(State(state): State<AppState<S>>) -> Response {
     if state.payments.engine().ready().await {
         Json(json!({ "status": "ready" })).into_response()
@@ -213,8 +243,8 @@ pub async fn readyz<S: PaymentStore>(State(state): State<AppState<S>>) -> Respon
 /// payments (how many, the oldest one's age). With operator keys configured, for operator keys only.
 #[utoipa::path(get, path = "/metrics", tag = "operations", responses(
     (status = 200, description = "Prometheus text format"),
-    (status = 401, description = "unauthorized: no operator key (when operator keys are configured)", body = crate::openapi::Problem),
-    (status = 403, description = "forbidden: a tenant key (when operator keys are configured)", body = crate::openapi::Problem),
+    (status = 401, description = "unauthorized: no operator key (when operator keys are configured)", body = crate::error::Problem),
+    (status = 403, description = "forbidden: a tenant key (when operator keys are configured)", body = crate::error::Problem),
 ))]
 pub async fn metrics<S: PaymentStore>(State(state): State<AppState<S>>, headers: HeaderMap) -> Response {
     if let Err(refused) = may_scrape(&state, &headers) {
@@ -261,12 +291,6 @@ fn database_figures(up: bool, counts: Option<onceflow_engine::WorkflowCounts>) -
         let _ = writeln!(text, "onceflow_workflows_counted_timestamp_seconds {}", counts.counted_at as f64 / 1000.0);
     }
     text
-}
-
-/// This document.
-#[utoipa::path(get, path = "/openapi.json", tag = "operations", responses((status = 200, description = "OpenAPI 3.1")))]
-pub async fn openapi() -> Json<serde_json::Value> {
-    Json(crate::openapi::document())
 }
 
 #[cfg(test)]

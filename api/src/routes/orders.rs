@@ -68,9 +68,9 @@ pub(crate) fn rfc3339(ms: i64) -> String {
     responses(
         (status = 201, description = "Created", body = OrderBody),
         (status = 200, description = "Existed with the same fields", body = OrderBody),
-        (status = 400, description = "invalid_request", body = crate::openapi::Problem),
-        (status = 409, description = "order_conflict", body = crate::openapi::Problem),
-        (status = 503, description = "unavailable", body = crate::openapi::Problem),
+        (status = 400, description = "invalid_request", body = crate::error::Problem),
+        (status = 409, description = "order_conflict", body = crate::error::Problem),
+        (status = 503, description = "unavailable", body = crate::error::Problem),
     ))]
 pub async fn create_order<S: PaymentStore>(
     State(state): State<AppState<S>>,
@@ -87,7 +87,7 @@ pub async fn create_order<S: PaymentStore>(
     params(("order_no" = String, Path, description = "The order")),
     responses(
         (status = 200, description = "The order", body = OrderBody),
-        (status = 404, description = "order_not_found", body = crate::openapi::Problem),
+        (status = 404, description = "order_not_found", body = crate::error::Problem),
     ))]
 pub async fn get_order<S: PaymentStore>(
     State(state): State<AppState<S>>,

@@ -115,15 +115,15 @@ pub(crate) fn pay_response(r: PayResponse) -> Response {
     responses(
         (status = 201, description = "Charged", body = PaymentBody),
         (status = 202, description = "Not final within the wait window (Location: /v1/payments/{request_no})", body = PaymentBody),
-        (status = 400, description = "idempotency_key_missing, idempotency_key_invalid or invalid_request", body = crate::openapi::Problem),
-        (status = 401, description = "unauthorized", body = crate::openapi::Problem),
-        (status = 402, description = "payment_declined (with decline_code); stored and replayed", body = crate::openapi::Problem),
-        (status = 404, description = "token_not_found or order_not_found", body = crate::openapi::Problem),
-        (status = 409, description = "order_not_payable or request_no_conflict; stored", body = crate::openapi::Problem),
-        (status = 413, description = "payload_too_large", body = crate::openapi::Problem),
-        (status = 415, description = "unsupported_media_type", body = crate::openapi::Problem),
-        (status = 422, description = "idempotency_key_mismatch, or amount_mismatch (stored)", body = crate::openapi::Problem),
-        (status = 503, description = "unavailable (Retry-After); not stored", body = crate::openapi::Problem),
+        (status = 400, description = "idempotency_key_missing, idempotency_key_invalid or invalid_request", body = crate::error::Problem),
+        (status = 401, description = "unauthorized", body = crate::error::Problem),
+        (status = 402, description = "payment_declined (with decline_code); stored and replayed", body = crate::error::Problem),
+        (status = 404, description = "token_not_found or order_not_found", body = crate::error::Problem),
+        (status = 409, description = "order_not_payable or request_no_conflict; stored", body = crate::error::Problem),
+        (status = 413, description = "payload_too_large", body = crate::error::Problem),
+        (status = 415, description = "unsupported_media_type", body = crate::error::Problem),
+        (status = 422, description = "idempotency_key_mismatch, or amount_mismatch (stored)", body = crate::error::Problem),
+        (status = 503, description = "unavailable (Retry-After); not stored", body = crate::error::Problem),
     ))]
 pub async fn pay<S: PaymentStore>(
     State(state): State<AppState<S>>,
@@ -153,7 +153,7 @@ pub async fn pay<S: PaymentStore>(
     params(("request_no" = String, Path, description = "The payment's number")),
     responses(
         (status = 200, description = "The payment", body = PaymentBody),
-        (status = 404, description = "payment_not_found", body = crate::openapi::Problem),
+        (status = 404, description = "payment_not_found", body = crate::error::Problem),
     ))]
 pub async fn get_payment<S: PaymentStore>(
     State(state): State<AppState<S>>,
@@ -188,8 +188,8 @@ pub struct PaymentList {
 #[utoipa::path(get, path = "/v1/payments", tag = "payments", params(PaymentsQuery),
     responses(
         (status = 200, description = "The order's payments, newest first; none for an order without payments (or not the tenant's)", body = PaymentList),
-        (status = 400, description = "invalid_request: order_no missing or invalid", body = crate::openapi::Problem),
-        (status = 403, description = "forbidden: an operator key (payments are a tenant's)", body = crate::openapi::Problem),
+        (status = 400, description = "invalid_request: order_no missing or invalid", body = crate::error::Problem),
+        (status = 403, description = "forbidden: an operator key (payments are a tenant's)", body = crate::error::Problem),
     ))]
 pub async fn list_payments<S: PaymentStore>(
     State(state): State<AppState<S>>,

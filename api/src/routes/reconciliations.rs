@@ -31,8 +31,8 @@ pub struct ReconciliationList {
 #[utoipa::path(get, path = "/v1/reconciliations", tag = "operations", params(ReconciliationQuery),
     responses(
         (status = 200, description = "The day's reconciliations", body = ReconciliationList),
-        (status = 403, description = "forbidden: a tenant key (reconciliations are for operators)", body = crate::openapi::Problem),
-        (status = 404, description = "reconciliation_not_found: the day is not reconciled yet", body = crate::openapi::Problem),
+        (status = 403, description = "forbidden: a tenant key (reconciliations are for operators)", body = crate::error::Problem),
+        (status = 404, description = "reconciliation_not_found: the day is not reconciled yet", body = crate::error::Problem),
     ))]
 pub async fn list<S: PaymentStore>(
     State(state): State<AppState<S>>,

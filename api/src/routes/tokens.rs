@@ -25,7 +25,7 @@ pub struct TokenBody {
 #[utoipa::path(post, path = "/v1/tokens", tag = "tokens",
     responses(
         (status = 201, description = "Issued", body = TokenBody),
-        (status = 503, description = "unavailable", body = crate::openapi::Problem),
+        (status = 503, description = "unavailable", body = crate::error::Problem),
     ))]
 pub async fn issue_token<S: PaymentStore>(
     State(state): State<AppState<S>>,

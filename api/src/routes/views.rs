@@ -4,7 +4,9 @@
 //! Typed, so that `/openapi.json` describes these bodies from the same types that write them.
 //!
 //! Fields are declared in alphabetical order: these bodies were first written with `json!`, whose maps keep their
-//! keys sorted, and the bytes clients have seen stay the same.
+//! keys sorted, and the bytes clients have seen stay the same. A field that does not apply to the state shown is
+//! absent rather than null or stale: a finished workflow has no next attempt and no lease, a running one no
+//! output, a step without an error no `error`.
 
 use std::borrow::Cow;
 
@@ -50,21 +52,25 @@ pub struct WorkflowBody {
     /// When it was created (RFC 3339).
     #[schema(format = DateTime)]
     pub created_at: String,
-    /// Why it failed: the JSON value stored (an older plain message stays a string); null while it has not.
+    /// Why it failed: the JSON value stored (an older plain message stays a string); absent while it has not.
+    #[serde(skip_serializing_if = "Value::is_null")]
     pub error: Value,
     /// Its input; a payment's idempotency token is shown as `***`.
     pub input: Value,
     /// Incremented on every claim by a worker.
     pub lease_epoch: i64,
-    /// When the current claim ends (RFC 3339); null when no worker holds it.
-    #[schema(format = DateTime, required = true)]
+    /// When the current claim ends (RFC 3339); absent when no worker holds it.
+    #[schema(format = DateTime)]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub lease_expires_at: Option<String>,
     /// Its workflow type (payments: `payment`).
     pub name: String,
-    /// Not run again before this time (RFC 3339).
+    /// Not run again before this time (RFC 3339); only while it is running or compensating.
     #[schema(format = DateTime)]
-    pub next_attempt_at: String,
-    /// Its output once completed, null before. A payment's is the stored response, its `body` shown as JSON.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_attempt_at: Option<String>,
+    /// Its output once completed, absent before. A payment's is the stored response, its `body` shown as JSON.
+    #[serde(skip_serializing_if = "Value::is_null")]
     pub output: Value,
     /// Where it is.
     #[schema(value_type = WorkflowStateSchema)]
@@ -81,15 +87,18 @@ pub struct WorkflowBody {
 pub struct StepBody {
     /// Attempts started so far.
     pub attempts: i32,
-    /// The last error: the JSON value stored (a plain message stays a string); null when there was none.
+    /// The last error: the JSON value stored (a plain message stays a string); absent when there was none.
+    #[serde(skip_serializing_if = "Value::is_null")]
     pub error: Value,
-    /// When it completed or failed (RFC 3339); null while it has not.
-    #[schema(format = DateTime, required = true)]
+    /// When it completed or failed (RFC 3339); absent while it has not.
+    #[schema(format = DateTime)]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub finished_at: Option<String>,
     /// `transactional` (inside the workflow's transaction) or `external` (a call outside the database).
     #[schema(value_type = String)]
     pub kind: StepKind,
-    /// Its output once completed, null before.
+    /// Its output once completed, absent before.
+    #[serde(skip_serializing_if = "Value::is_null")]
     pub output: Value,
     /// When its first attempt started (RFC 3339).
     #[schema(format = DateTime)]
@@ -117,12 +126,14 @@ pub struct CompensationBody {
     pub step_key: String,
 }
 
-/// A workflow with its steps, in the order they started, and its compensations (`GET /v1/workflows/{id}`).
+/// A workflow with its steps, in the order they ran, and its compensations (`GET /v1/workflows/{id}`).
 #[derive(Debug, Serialize, ToSchema)]
 pub struct WorkflowDetail {
+    /// The operator actions taken on it, oldest first (the audit log: kept after its history is deleted).
+    pub audit: Vec<crate::routes::audit::AuditBody>,
     /// Its registered compensations.
     pub compensations: Vec<CompensationBody>,
-    /// Its steps, in the order they started.
+    /// Its steps, in the order they ran (a phase's steps share their times; the order is the one they ran in).
     pub steps: Vec<StepBody>,
     /// The workflow.
     pub workflow: WorkflowBody,
@@ -164,7 +175,7 @@ impl From<WorkflowRecord> for WorkflowBody {
             lease_epoch: record.lease_epoch,
             lease_expires_at: record.lease_expires_at.map(rfc3339),
             name: record.name,
-            next_attempt_at: rfc3339(record.next_attempt_at),
+            next_attempt_at: (!record.state.is_final()).then(|| rfc3339(record.next_attempt_at)),
             output,
             state: record.state,
             updated_at: rfc3339(record.updated_at),
@@ -198,6 +209,7 @@ impl From<CompensationRecord> for CompensationBody {
 impl From<WorkflowView> for WorkflowDetail {
     fn from(view: WorkflowView) -> Self {
         Self {
+            audit: Vec::new(),
             compensations: view.compensations.into_iter().map(CompensationBody::from).collect(),
             steps: view.steps.into_iter().map(StepBody::from).collect(),
             workflow: view.workflow.into(),

@@ -230,8 +230,8 @@ fn some_types(events: Option<&Vec<EventType>>) -> Result<(), ApiError> {
 #[utoipa::path(post, path = "/v1/webhook-endpoints", request_body = CreateEndpoint, tag = "webhooks",
     responses(
         (status = 201, description = "Registered; the secret is shown this once", body = EndpointWithSecret),
-        (status = 403, description = "forbidden: an operator key (endpoints are a tenant's)", body = crate::openapi::Problem),
-        (status = 422, description = "webhook_url_refused (the detail names the rule), endpoint_limit", body = crate::openapi::Problem),
+        (status = 403, description = "forbidden: an operator key (endpoints are a tenant's)", body = crate::error::Problem),
+        (status = 422, description = "webhook_url_refused (the detail names the rule), endpoint_limit", body = crate::error::Problem),
     ))]
 pub async fn create_endpoint<S: PaymentStore>(
     State(state): State<AppState<S>>,
@@ -247,7 +247,7 @@ pub async fn create_endpoint<S: PaymentStore>(
 #[utoipa::path(get, path = "/v1/webhook-endpoints", tag = "webhooks", params(EndpointsQuery),
     responses(
         (status = 200, description = "The endpoints", body = EndpointList),
-        (status = 403, description = "forbidden: a tenant key naming another tenant", body = crate::openapi::Problem),
+        (status = 403, description = "forbidden: a tenant key naming another tenant", body = crate::error::Problem),
     ))]
 pub async fn list_endpoints<S: PaymentStore>(
     State(state): State<AppState<S>>,
@@ -265,7 +265,7 @@ pub async fn list_endpoints<S: PaymentStore>(
     params(("endpoint_id" = String, Path, description = "The endpoint (we_…)")),
     responses(
         (status = 200, description = "The endpoint", body = EndpointBody),
-        (status = 404, description = "endpoint_not_found", body = crate::openapi::Problem),
+        (status = 404, description = "endpoint_not_found", body = crate::error::Problem),
     ))]
 pub async fn get_endpoint<S: PaymentStore>(
     State(state): State<AppState<S>>,
@@ -281,9 +281,9 @@ pub async fn get_endpoint<S: PaymentStore>(
     params(("endpoint_id" = String, Path, description = "The endpoint (we_…)")),
     responses(
         (status = 200, description = "Changed", body = EndpointBody),
-        (status = 403, description = "forbidden: an operator key", body = crate::openapi::Problem),
-        (status = 404, description = "endpoint_not_found", body = crate::openapi::Problem),
-        (status = 422, description = "webhook_url_refused (the detail names the rule)", body = crate::openapi::Problem),
+        (status = 403, description = "forbidden: an operator key", body = crate::error::Problem),
+        (status = 404, description = "endpoint_not_found", body = crate::error::Problem),
+        (status = 422, description = "webhook_url_refused (the detail names the rule)", body = crate::error::Problem),
     ))]
 pub async fn update_endpoint<S: PaymentStore>(
     State(state): State<AppState<S>>,
@@ -304,8 +304,8 @@ pub async fn update_endpoint<S: PaymentStore>(
     params(("endpoint_id" = String, Path, description = "The endpoint (we_…)")),
     responses(
         (status = 204, description = "Deleted"),
-        (status = 403, description = "forbidden: an operator key", body = crate::openapi::Problem),
-        (status = 404, description = "endpoint_not_found", body = crate::openapi::Problem),
+        (status = 403, description = "forbidden: an operator key", body = crate::error::Problem),
+        (status = 404, description = "endpoint_not_found", body = crate::error::Problem),
     ))]
 pub async fn delete_endpoint<S: PaymentStore>(
     State(state): State<AppState<S>>,
@@ -322,8 +322,8 @@ pub async fn delete_endpoint<S: PaymentStore>(
     params(("endpoint_id" = String, Path, description = "The endpoint (we_…)")),
     responses(
         (status = 200, description = "The endpoint with its new secret", body = EndpointWithSecret),
-        (status = 403, description = "forbidden: an operator key", body = crate::openapi::Problem),
-        (status = 404, description = "endpoint_not_found", body = crate::openapi::Problem),
+        (status = 403, description = "forbidden: an operator key", body = crate::error::Problem),
+        (status = 404, description = "endpoint_not_found", body = crate::error::Problem),
     ))]
 pub async fn rotate_secret<S: PaymentStore>(
     State(state): State<AppState<S>>,
@@ -339,8 +339,8 @@ pub async fn rotate_secret<S: PaymentStore>(
     params(("endpoint_id" = String, Path, description = "The endpoint (we_…)"), AttemptsQuery),
     responses(
         (status = 200, description = "A page of attempts, newest first", body = AttemptPage),
-        (status = 400, description = "invalid_request: a cursor this API did not give, a limit out of range", body = crate::openapi::Problem),
-        (status = 404, description = "endpoint_not_found", body = crate::openapi::Problem),
+        (status = 400, description = "invalid_request: a cursor this API did not give, a limit out of range", body = crate::error::Problem),
+        (status = 404, description = "endpoint_not_found", body = crate::error::Problem),
     ))]
 pub async fn list_attempts<S: PaymentStore>(
     State(state): State<AppState<S>>,

@@ -67,6 +67,8 @@ struct Book {
     in_flight: HashSet<(String, String)>,
     next: u64,
     closes: u64,
+    /// The `traceparent` header of every request that carried one, in the order they came.
+    traceparents: Vec<String>,
 }
 
 /// The channel: cheap to clone, clones share the ledger.
@@ -159,6 +161,11 @@ impl TestChannel {
         }
     }
 
+    /// The `traceparent` headers received, in order.
+    pub fn traceparents(&self) -> Vec<String> {
+        self.book.lock().unwrap().traceparents.clone()
+    }
+
     /// Closes received.
     pub fn closes(&self) -> u64 {
         self.book.lock().unwrap().closes
@@ -177,7 +184,10 @@ fn answer(status: u16, body: Value) -> Response {
     (StatusCode::from_u16(status).unwrap(), Json(body)).into_response()
 }
 
-async fn charge(State(c): State<TestChannel>, Json(req): Json<Value>) -> Response {
+async fn charge(State(c): State<TestChannel>, headers: axum::http::HeaderMap, Json(req): Json<Value>) -> Response {
+    if let Some(tp) = headers.get("traceparent").and_then(|v| v.to_str().ok()) {
+        c.book.lock().unwrap().traceparents.push(tp.to_owned());
+    }
     let key = c.key(&text(&req, "merchant_id"), &text(&req, "merchant_request_no"));
     let fresh = {
         let mut book = c.book.lock().unwrap();
@@ -221,7 +231,11 @@ async fn query(
     State(c): State<TestChannel>,
     Path(no): Path<String>,
     Query(q): Query<HashMap<String, String>>,
+    headers: axum::http::HeaderMap,
 ) -> Response {
+    if let Some(tp) = headers.get("traceparent").and_then(|v| v.to_str().ok()) {
+        c.book.lock().unwrap().traceparents.push(tp.to_owned());
+    }
     let key = c.key(q.get("merchant_id").map_or("", String::as_str), &no);
     match c.book.lock().unwrap().charges.get(&key) {
         Some(kept) => answer(200, kept.body()),

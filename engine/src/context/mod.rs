@@ -65,10 +65,15 @@ struct Replay<S: Store> {
     deferred: Option<StatementPhase>,
     /// External steps whose first attempt's intent a statement phase of this run committed.
     fresh_intents: HashSet<String>,
+    /// The `seq` of the next step that runs for the first time (see [`StepRecord::seq`]).
+    next_seq: i32,
 }
 
 impl<S: Store> Replay<S> {
     fn new(steps: Vec<StepRecord>, comps: Vec<CompensationRecord>) -> Self {
+        // Past every step recorded: rows written before `seq` existed count too, so a new step never shares one.
+        let recorded = i32::try_from(steps.len()).unwrap_or(i32::MAX);
+        let next_seq = steps.iter().filter_map(|s| s.seq).map(|s| s.saturating_add(1)).fold(recorded, i32::max);
         Self {
             history: steps.into_iter().map(|s| (s.step_key.clone(), s)).collect(),
             tx: None,
@@ -77,7 +82,18 @@ impl<S: Store> Replay<S> {
             prefix: String::new(),
             deferred: None,
             fresh_intents: HashSet::new(),
+            next_seq,
         }
+    }
+
+    /// The `seq` of step `key`: its recorded one, else the next (a step that runs for the first time).
+    fn seq_of(&mut self, key: &str) -> i32 {
+        if let Some(seq) = self.history.get(key).and_then(|s| s.seq) {
+            return seq;
+        }
+        let seq = self.next_seq;
+        self.next_seq = seq.saturating_add(1);
+        seq
     }
 }
 
@@ -107,6 +123,9 @@ impl<S: Store> WorkflowContext<S> {
     pub(crate) fn replay_from(&mut self, steps: Vec<StepRecord>, comps: Vec<CompensationRecord>) {
         self.replay = Replay::new(steps, comps);
         for s in &self.run.pending_steps {
+            if let Some(seq) = s.seq {
+                self.replay.next_seq = self.replay.next_seq.max(seq.saturating_add(1));
+            }
             self.replay.history.insert(s.step_key.clone(), s.clone());
         }
     }
@@ -159,6 +178,7 @@ impl<S: Store> WorkflowContext<S> {
 
     fn push_step(&mut self, mut row: StepRecord) {
         row.workflow_id.clone_from(&self.run.workflow_id);
+        row.seq = Some(self.replay.seq_of(&row.step_key));
         self.replay.history.insert(row.step_key.clone(), row.clone());
         match self.run.pending_steps.iter_mut().find(|s| s.step_key == row.step_key) {
             Some(slot) => *slot = row,
@@ -176,6 +196,11 @@ impl<S: Store> WorkflowContext<S> {
 
     pub(crate) fn set_prefix(&mut self, prefix: String) {
         self.replay.prefix = prefix;
+    }
+
+    /// The `seq` of step `key` (see [`Replay::seq_of`]).
+    pub(crate) fn seq_of(&mut self, key: &str) -> i32 {
+        self.replay.seq_of(key)
     }
 
     pub(crate) fn core(&self) -> &Core<S> {

@@ -81,10 +81,12 @@ impl<S: Store> WorkflowContext<S> {
         }
         let now = self.core.now();
         let keys = phase.keys(&self.replay.prefix);
+        let seqs: Vec<i32> = keys.iter().map(|key| self.seq_of(key)).collect();
         let rows: Vec<PhaseRow<'_>> = keys
             .iter()
             .zip(&phase.steps)
-            .map(|(key, step)| PhaseRow {
+            .zip(&seqs)
+            .map(|((key, step), &seq)| PhaseRow {
                 key: key.clone(),
                 name: &step.spec.name,
                 kind: if step.intent { StepKind::External } else { StepKind::Transactional },
@@ -93,9 +95,15 @@ impl<S: Store> WorkflowContext<S> {
                 output: &step.output,
                 finished: !step.intent,
                 when: step.when.as_deref(),
+                seq,
             })
             .collect();
-        let result = self.commit_in_one_call(update, Some(PhaseCommit { phase, rows: &rows, now })).await;
+        let span = tracing::info_span!("step", workflow_id = %self.run.workflow_id, step_key = %keys.join(","), kind = "statement phase");
+        let result = tracing::Instrument::instrument(
+            self.commit_in_one_call(update, Some(PhaseCommit { phase, rows: &rows, now })),
+            span,
+        )
+        .await;
         drop(rows);
         let outputs = match result {
             Ok(Some(Committed::Done { outputs, .. })) => outputs,
@@ -133,7 +141,7 @@ impl<S: Store> WorkflowContext<S> {
             }
         };
         let mut values = Vec::new();
-        for ((key, step), output) in keys.into_iter().zip(&phase.steps).zip(outputs) {
+        for (((key, step), output), seq) in keys.into_iter().zip(&phase.steps).zip(outputs).zip(seqs) {
             if step.intent {
                 values.push(None);
                 // Written only if its condition held: the body's next call of the external step starts from it.
@@ -142,6 +150,7 @@ impl<S: Store> WorkflowContext<S> {
                         kind: StepKind::External,
                         status: StepStatus::Started,
                         finished_at: None,
+                        seq: Some(seq),
                         ..self.phase_record(&key, step, now)
                     };
                     self.replay.history.insert(key.clone(), intent);
@@ -154,7 +163,7 @@ impl<S: Store> WorkflowContext<S> {
                 continue;
             };
             values.push(Some(serde_json::from_str(&output).map_err(|e| Interrupt::Engine(e.into()))?));
-            let completed = StepRecord { output: Some(output), ..self.phase_record(&key, step, now) };
+            let completed = StepRecord { output: Some(output), seq: Some(seq), ..self.phase_record(&key, step, now) };
             self.replay.history.insert(key, completed);
         }
         Ok(values)
@@ -173,6 +182,7 @@ impl<S: Store> WorkflowContext<S> {
             error: None,
             started_at: now,
             finished_at: Some(now),
+            seq: self.replay.history.get(key).and_then(|s| s.seq),
         }
     }
 }

@@ -31,8 +31,10 @@ impl<S: Store> WorkflowContext<S> {
         }
         self.check_shutdown()?;
         let now = self.core.now();
+        let span =
+            tracing::info_span!("step", workflow_id = %self.run.workflow_id, step_key = %key, kind = "transactional");
         let tx = self.open_tx().await?;
-        let result = f(&mut **tx).await;
+        let result = tracing::Instrument::instrument(f(&mut **tx), span).await;
         let attempts = self.run.tx_attempts.get(&key).copied().unwrap_or(0) + 1;
         let row = |status: StepStatus, output: Option<String>, error: Option<String>| StepRecord {
             workflow_id: String::new(),
@@ -45,6 +47,7 @@ impl<S: Store> WorkflowContext<S> {
             error,
             started_at: now,
             finished_at: Some(now),
+            seq: None,
         };
         match result {
             Ok(value) => {
@@ -128,6 +131,7 @@ impl<S: Store> WorkflowContext<S> {
                 error,
                 started_at,
                 finished_at: done,
+                seq: None,
             };
         loop {
             self.check_shutdown()?;
@@ -136,7 +140,12 @@ impl<S: Store> WorkflowContext<S> {
                 self.push_step(row(StepStatus::Started, attempts, None, None, None));
                 self.commit(WorkflowUpdate::default()).await?;
             }
-            let result = f(Attempt { number: attempts, previous: previous.clone() }).await;
+            // The call outside runs in the step's span: a client that carries the trace onward (the channel's)
+            // names this step as the caller.
+            let span = tracing::info_span!("step", workflow_id = %self.run.workflow_id, step_key = %key, kind = "external", attempt = attempts);
+            let result =
+                tracing::Instrument::instrument(f(Attempt { number: attempts, previous: previous.clone() }), span)
+                    .await;
             let now = self.core.now();
             let (status, message, delay) = match result {
                 Ok(value) => {

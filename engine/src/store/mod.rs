@@ -13,6 +13,7 @@ use std::future::Future;
 use crate::error::Result;
 use crate::phase::PhaseCommit;
 
+mod audit;
 mod common;
 mod compensations;
 mod held;
@@ -25,6 +26,7 @@ mod status;
 mod stored_as_text;
 
 pub use crate::error::is_transient;
+pub use audit::{AuditFilter, AuditRecord};
 pub use held::Writer;
 pub use mysql::{MIGRATOR as MYSQL_MIGRATOR, MySqlStore};
 pub use page::{Cursor, WorkflowFilter};
@@ -354,6 +356,15 @@ pub trait Store: sealed::Sealed + Clone + Send + Sync + 'static {
 
     /// What [`Store::delete_finished`] would delete with no limit (a dry run).
     fn count_finished(&self, ended_by: i64) -> impl Future<Output = Result<Deleted>> + Send;
+
+    /// Records an operator action in the audit log (a table no retention pass touches).
+    fn insert_audit(&self, entry: &AuditRecord) -> impl Future<Output = Result<()>> + Send;
+
+    /// Completes the audit entry `id` with the action's answer.
+    fn finish_audit(&self, id: &str, status: i32, result: &str) -> impl Future<Output = Result<()>> + Send;
+
+    /// Audit entries (see [`AuditFilter`]).
+    fn audit(&self, filter: AuditFilter<'_>) -> impl Future<Output = Result<Vec<AuditRecord>>> + Send;
 
     /// Waits for a notification that some workflow ended in another process (Postgres `LISTEN`). Returns the
     /// workflow id; `None` when this backend has no such channel (the caller then polls).

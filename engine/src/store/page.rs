@@ -34,4 +34,7 @@ pub struct WorkflowFilter<'a> {
     pub state: Option<super::WorkflowState>,
     /// Only workflows after this position (the previous page's last).
     pub after: Option<&'a Cursor>,
+    /// Only workflows of this type ([`crate::Workflow::NAME`]): a condition on the rows the index range reads
+    /// (no index leads with it; a deployment runs few types, each common).
+    pub name: Option<&'a str>,
 }

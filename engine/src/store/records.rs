@@ -50,6 +50,8 @@ pub struct WorkflowRecord {
     /// query. `None` for a workflow type without tenants, and for rows inserted before the column existed
     /// (migration 0011) or by an older binary.
     pub tenant: Option<String>,
+    /// The W3C `traceparent` of the span that started it (see [`crate::trace`]); `None` when traces are off.
+    pub trace: Option<String>,
 }
 
 /// One step of a workflow as stored, unique on `(workflow_id, step_key)`.
@@ -75,6 +77,10 @@ pub struct StepRecord {
     pub started_at: i64,
     /// When the step completed or failed (ms since the epoch).
     pub finished_at: Option<i64>,
+    /// Where the step stands in the order the workflow first ran its steps (0, 1, 2, …; gaps allowed): a phase's
+    /// steps share their times, this does not. Set once, by the step's first row; `None` for rows written before
+    /// it existed (migration 0055).
+    pub seq: Option<i32>,
 }
 
 /// A compensation registered before its forward step ran.

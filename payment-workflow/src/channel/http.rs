@@ -39,6 +39,11 @@ impl HttpChannel {
         &self,
         request: reqwest::RequestBuilder,
     ) -> Result<Option<T>, ChannelError> {
+        // The trace goes on to the channel: every call names the step that makes it (W3C Trace Context).
+        let request = match onceflow_engine::trace::current() {
+            Some(traceparent) => request.header("traceparent", traceparent),
+            None => request,
+        };
         let response = request.send().await.map_err(|e| ChannelError::Unknown(e.to_string()))?;
         let status = response.status().as_u16();
         match status {

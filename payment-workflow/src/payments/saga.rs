@@ -49,6 +49,27 @@ impl<S: PaymentStore> Workflow<S> for PaymentSaga {
     }
 
     async fn run(&self, ctx: &mut WorkflowContext<S>, input: PaymentInput) -> Result<StoredResponse, Interrupt> {
+        let span = tracing::info_span!("payment", request_no = %input.request_no, tenant = %input.tenant);
+        tracing::Instrument::instrument(self.pay(ctx, input), span).await
+    }
+
+    async fn compensate(
+        &self,
+        ctx: &mut WorkflowContext<S>,
+        compensation: &Compensation,
+        failure: &Failure,
+    ) -> Result<(), Interrupt> {
+        self.undo(ctx, compensation, failure).await
+    }
+}
+
+impl PaymentSaga {
+    /// The payment's steps (see the table in DESIGN.md), in the span of its `request_no`.
+    async fn pay<S: PaymentStore>(
+        &self,
+        ctx: &mut WorkflowContext<S>,
+        input: PaymentInput,
+    ) -> Result<StoredResponse, Interrupt> {
         let now = ctx.now_ms();
         let i = &input;
         let charge_spec = step("call_channel").retry(self.channel_retry).compensate_with("refund", ());
@@ -86,7 +107,8 @@ impl<S: PaymentStore> Workflow<S> for PaymentSaga {
         S::confirm(ctx, i, now, step("confirm"), charge_id, response, not_paying).await
     }
 
-    async fn compensate(
+    /// Runs one compensation of the payment.
+    async fn undo<S: PaymentStore>(
         &self,
         ctx: &mut WorkflowContext<S>,
         compensation: &Compensation,

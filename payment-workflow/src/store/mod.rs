@@ -187,6 +187,13 @@ pub trait PaymentStore: Store + crate::events::EventStore + ChannelWordStore {
         tenant: &str,
         request_no: &RequestNo,
     ) -> impl Future<Output = Result<Option<PaymentRecord>, sqlx::Error>> + Send;
+    /// The tenant's payment whose channel charge is `charge_id` (an operator's search). No index holds charge
+    /// ids (one would cost every payment a write and bytes for a rare look-up): it reads the tenant's payments.
+    fn payment_by_charge(
+        &self,
+        tenant: &str,
+        charge_id: &str,
+    ) -> impl Future<Output = Result<Option<PaymentRecord>, sqlx::Error>> + Send;
     /// Every payment record of the tenant's order `order_no` (each attempt), newest first, through the index
     /// `payments_order`.
     fn payments_of_order(

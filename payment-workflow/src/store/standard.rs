@@ -311,6 +311,14 @@ where
             .await
     }
 
+    async fn payment_by_charge(&self, tenant: &str, charge_id: &str) -> Result<Option<PaymentRecord>, sqlx::Error> {
+        sqlx::query_as("SELECT * FROM payments WHERE tenant = $1 AND charge_id = $2 LIMIT 1")
+            .bind(tenant.to_owned())
+            .bind(charge_id.to_owned())
+            .fetch_optional(self.pool())
+            .await
+    }
+
     async fn payments_of_order(&self, tenant: &str, order_no: &OrderNo) -> Result<Vec<PaymentRecord>, sqlx::Error> {
         sqlx::query_as(
             "SELECT * FROM payments WHERE order_no = $1 AND tenant = $2 ORDER BY created_at DESC, request_no DESC",

@@ -18,6 +18,10 @@ pub(super) async fn list(pool: &MySqlPool, filter: WorkflowFilter<'_>, limit: i6
         args.add(tenant.to_owned()).map_err(sqlx::Error::Encode)?;
         conds.push("tenant = ?");
     }
+    if let Some(name) = filter.name {
+        args.add(name.to_owned()).map_err(sqlx::Error::Encode)?;
+        conds.push("name = ?");
+    }
     if let Some(state) = filter.state {
         args.add(state).map_err(sqlx::Error::Encode)?;
         conds.push("state = ?");

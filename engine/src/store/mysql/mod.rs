@@ -24,6 +24,7 @@ use super::{
 };
 use crate::error::Result;
 
+mod audit;
 mod gc;
 mod list;
 mod migrate;
@@ -44,13 +45,13 @@ const SESSION: [&str; 2] =
 /// Inserts a workflow with its compensation list, in the order of [`bind_workflow`]; a duplicate key fails it.
 const INSERT_WORKFLOW: &str = "INSERT INTO workflows (workflow_id, name, input, input_hash, state, output, error, \
     lease_owner, lease_expires_at, lease_epoch, next_attempt_at, notify, created_at, updated_at, compensations, \
-    tenant) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
+    tenant, trace) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
 /// Inserts step rows (followed by a `(?, …)` list per row, in the order of [`bind_steps`]).
 const INSERT_STEPS: &str = "INSERT INTO workflow_steps \
-    (workflow_id, step_key, step_name, kind, status, attempts, output, error, started_at, finished_at) VALUES ";
+    (workflow_id, step_key, step_name, kind, status, attempts, output, error, started_at, finished_at, seq) VALUES ";
 /// Parameters per row of [`INSERT_STEPS`].
-const STEP_PARAMS: usize = 10;
-/// A step insert's conflict clause: the new row replaces the stored one.
+const STEP_PARAMS: usize = 11;
+/// A step insert's conflict clause: the new row replaces the stored one, but for its `seq` (set by the first).
 const STEPS_ON_DUPLICATE: &str = " ON DUPLICATE KEY UPDATE step_name = VALUES(step_name), kind = VALUES(kind), \
     status = VALUES(status), attempts = VALUES(attempts), output = VALUES(output), error = VALUES(error), \
     started_at = VALUES(started_at), finished_at = VALUES(finished_at)";
@@ -62,7 +63,7 @@ const FENCE: &str = "UPDATE workflows SET state = COALESCE(?, state), output = C
     next_attempt_at = COALESCE(?, next_attempt_at), updated_at = ?, compensations = COALESCE(?, compensations) \
     WHERE workflow_id = ? AND lease_epoch = ?";
 const SELECT_WORKFLOW: &str = "SELECT * FROM workflows WHERE workflow_id = ?";
-const SELECT_STEPS: &str = "SELECT * FROM workflow_steps WHERE workflow_id = ? ORDER BY started_at, step_key";
+const SELECT_STEPS: &str = "SELECT * FROM workflow_steps WHERE workflow_id = ? ORDER BY seq, started_at, step_key";
 const SELECT_COMPENSATIONS: &str = "SELECT compensations FROM workflows WHERE workflow_id = ?";
 /// The heartbeat, followed by the list of ids it extends (`(?, ?, …)`, at most [`HEARTBEAT_CHUNK`]).
 const HEARTBEAT: &str = "UPDATE workflows SET lease_expires_at = ? \
@@ -163,6 +164,7 @@ fn bind_workflow<'q>(q: MySqlQuery<'q>, wf: &WorkflowRecord, comps: String) -> M
         .bind(wf.updated_at)
         .bind(comps)
         .bind(&wf.tenant)
+        .bind(&wf.trace)
 }
 
 /// Binds `steps` for [`INSERT_STEPS`].
@@ -178,7 +180,8 @@ fn bind_steps<'q>(mut q: MySqlQuery<'q>, steps: &[StepRecord]) -> MySqlQuery<'q>
             .bind(&s.output)
             .bind(&s.error)
             .bind(s.started_at)
-            .bind(s.finished_at);
+            .bind(s.finished_at)
+            .bind(s.seq);
     }
     q
 }
@@ -407,6 +410,18 @@ impl Store for MySqlStore {
 
     async fn count_finished(&self, ended_by: i64) -> Result<Deleted> {
         gc::count_finished(self, ended_by).await
+    }
+
+    async fn insert_audit(&self, entry: &super::AuditRecord) -> Result<()> {
+        audit::insert(&self.pool, entry).await
+    }
+
+    async fn finish_audit(&self, id: &str, status: i32, result: &str) -> Result<()> {
+        audit::finish(&self.pool, id, status, result).await
+    }
+
+    async fn audit(&self, filter: super::AuditFilter<'_>) -> Result<Vec<super::AuditRecord>> {
+        audit::read(&self.pool, filter).await
     }
 
     async fn listen(&self) -> Result<Option<Listener>> {

@@ -78,9 +78,9 @@ pub(super) async fn persist(conn: &mut Conn<PgStore>, checkpoint: &Checkpoint<'_
 }
 
 /// Parameters per phase step row of [`phase_values`].
-const PHASE_ROW_PARAMS: usize = 6;
+const PHASE_ROW_PARAMS: usize = 7;
 
-/// The `VALUES` rows of a statement phase's step rows, columns `v (k, n, kind, status, a, o, fin, keep)`:
+/// The `VALUES` rows of a statement phase's step rows, columns `v (k, n, kind, status, a, o, fin, keep, seq)`:
 /// parameters from `next` (advanced past them) in the order of [`bind_statement`], the output and the
 /// condition inline.
 fn phase_values(rows: &[PhaseRow<'_>], next: &mut usize) -> String {
@@ -88,7 +88,7 @@ fn phase_values(rows: &[PhaseRow<'_>], next: &mut usize) -> String {
     for r in rows {
         let p = *next;
         values.push(format!(
-            "(${}::text, ${}::text, ${}::text, ${}::text, ${}::int, ({})::text, ${}::boolean, {})",
+            "(${}::text, ${}::text, ${}::text, ${}::text, ${}::int, ({})::text, ${}::boolean, {}, ${}::int)",
             p,
             p + 1,
             p + 2,
@@ -97,6 +97,7 @@ fn phase_values(rows: &[PhaseRow<'_>], next: &mut usize) -> String {
             r.output,
             p + 5,
             r.when.map_or_else(|| "TRUE".to_owned(), |w| format!("({w})")),
+            p + 6,
         ));
         *next += PHASE_ROW_PARAMS;
     }
@@ -120,7 +121,7 @@ fn bind_statement<'q>(
     let mut q = bind_checkpoint(q, checkpoint)?;
     q = q.bind(checkpoint.workflow_id()).bind(phase.map_or(0, |p| p.now));
     for r in phase.map_or(&[][..], |p| p.rows) {
-        q = q.bind(&r.key).bind(r.name).bind(r.kind).bind(r.status).bind(r.attempts).bind(r.finished);
+        q = q.bind(&r.key).bind(r.name).bind(r.kind).bind(r.status).bind(r.attempts).bind(r.finished).bind(r.seq);
     }
     Ok(q)
 }
@@ -154,8 +155,8 @@ pub(super) async fn commit_in_one_call(
         let values = phase_values(rows, &mut next);
         ctes.push(format!(
             "ws AS (INSERT INTO {} SELECT ${workflow}::text, v.k, v.n, v.kind, v.status, v.a, v.o, NULL, \
-             ${now}::bigint, CASE WHEN v.fin THEN ${now}::bigint END \
-             FROM (VALUES {}) v (k, n, kind, status, a, o, fin, keep) WHERE v.keep{} RETURNING step_key, output)",
+             ${now}::bigint, CASE WHEN v.fin THEN ${now}::bigint END, v.seq \
+             FROM (VALUES {}) v (k, n, kind, status, a, o, fin, keep, seq) WHERE v.keep{} RETURNING step_key, output)",
             rows::STEP_COLUMNS,
             values,
             // A workflow's first commit finds no step rows (see `checkpoint_parts`).

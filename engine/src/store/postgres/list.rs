@@ -26,6 +26,10 @@ pub(super) fn list_query(filter: WorkflowFilter<'_>, limit: i64) -> Result<(Stri
         args.add(tenant.to_owned()).map_err(sqlx::Error::Encode)?;
         conds.push(format!("tenant = ${}", args.len()));
     }
+    if let Some(name) = filter.name {
+        args.add(name.to_owned()).map_err(sqlx::Error::Encode)?;
+        conds.push(format!("name = ${}", args.len()));
+    }
     if let Some(after) = filter.after {
         args.add(after.created_at).map_err(sqlx::Error::Encode)?;
         args.add(after.workflow_id.clone()).map_err(sqlx::Error::Encode)?;

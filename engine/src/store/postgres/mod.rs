@@ -19,6 +19,7 @@ use super::{
 use crate::error::Result;
 use crate::phase::PhaseCommit;
 
+mod audit;
 mod commit;
 mod gc;
 mod list;
@@ -195,7 +196,9 @@ impl Store for PgStore {
     }
 
     async fn steps(&self, workflow_id: &str) -> Result<Vec<StepRecord>> {
-        let q = sqlx::query_as("SELECT * FROM workflow_steps WHERE workflow_id = $1 ORDER BY started_at, step_key");
+        let q = sqlx::query_as(
+            "SELECT * FROM workflow_steps WHERE workflow_id = $1 ORDER BY seq NULLS FIRST, started_at, step_key",
+        );
         Ok(q.bind(workflow_id).fetch_all(&self.pool).await?)
     }
 
@@ -319,6 +322,18 @@ impl Store for PgStore {
 
     async fn count_finished(&self, ended_by: i64) -> Result<Deleted> {
         gc::count_finished(self, ended_by).await
+    }
+
+    async fn insert_audit(&self, entry: &super::AuditRecord) -> Result<()> {
+        audit::insert(&self.pool, entry).await
+    }
+
+    async fn finish_audit(&self, id: &str, status: i32, result: &str) -> Result<()> {
+        audit::finish(&self.pool, id, status, result).await
+    }
+
+    async fn audit(&self, filter: super::AuditFilter<'_>) -> Result<Vec<super::AuditRecord>> {
+        audit::read(&self.pool, filter).await
     }
 
     async fn listen(&self) -> Result<Option<Listener>> {

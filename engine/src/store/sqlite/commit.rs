@@ -67,17 +67,17 @@ pub(super) async fn persist(conn: &mut Conn<SqliteStore>, checkpoint: &Checkpoin
 }
 
 /// Parameters per phase step row of [`phase_values`].
-const PHASE_ROW_PARAMS: usize = 6;
+const PHASE_ROW_PARAMS: usize = 7;
 
-/// The `VALUES` rows of a statement phase's step rows, columns `column1…column8` (key, name, kind, status,
-/// attempts, output, finished, keep): parameters from `next` (advanced past them) in the order of
+/// The `VALUES` rows of a statement phase's step rows, columns `column1…column9` (key, name, kind, status,
+/// attempts, output, finished, keep, seq): parameters from `next` (advanced past them) in the order of
 /// [`bind_statement`], the output and the condition inline.
 fn phase_values(rows: &[PhaseRow<'_>], next: &mut usize) -> String {
     let mut values = Vec::new();
     for r in rows {
         let p = *next;
         values.push(format!(
-            "(${}, ${}, ${}, ${}, ${}, ({}), ${}, {})",
+            "(${}, ${}, ${}, ${}, ${}, ({}), ${}, {}, ${})",
             p,
             p + 1,
             p + 2,
@@ -86,6 +86,7 @@ fn phase_values(rows: &[PhaseRow<'_>], next: &mut usize) -> String {
             r.output,
             p + 5,
             r.when.map_or_else(|| "TRUE".to_owned(), |w| format!("({w})")),
+            p + 6,
         ));
         *next += PHASE_ROW_PARAMS;
     }
@@ -116,7 +117,7 @@ fn bind_statement<'q>(
     let mut q = bind_checkpoint(q, checkpoint)?;
     q = q.bind(checkpoint.workflow_id()).bind(phase.map_or(0, |p| p.now));
     for r in phase.map_or(&[][..], |p| p.rows) {
-        q = q.bind(&r.key).bind(r.name).bind(r.kind).bind(r.status).bind(r.attempts).bind(r.finished);
+        q = q.bind(&r.key).bind(r.name).bind(r.kind).bind(r.status).bind(r.attempts).bind(r.finished).bind(r.seq);
     }
     Ok(q)
 }
@@ -157,7 +158,7 @@ pub(super) async fn commit_in_one_call(
     if !rows.is_empty() {
         sql.push(format!(
             "INSERT INTO {} SELECT ${workflow}, column1, column2, column3, column4, column5, column6, NULL, \
-             ${now}, CASE WHEN column7 THEN ${now} END FROM (VALUES {}) WHERE column8{}",
+             ${now}, CASE WHEN column7 THEN ${now} END, column9 FROM (VALUES {}) WHERE column8{}",
             rows::STEP_COLUMNS,
             phase_values(rows, &mut next),
             rows::STEPS_ON_CONFLICT

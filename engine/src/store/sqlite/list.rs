@@ -17,6 +17,10 @@ pub(super) async fn list(pool: &SqlitePool, filter: WorkflowFilter<'_>, limit: i
         args.add(tenant.to_owned()).map_err(sqlx::Error::Encode)?;
         conds.push(format!("tenant = ${}", args.len()));
     }
+    if let Some(name) = filter.name {
+        args.add(name.to_owned()).map_err(sqlx::Error::Encode)?;
+        conds.push(format!("name = ${}", args.len()));
+    }
     if let Some(state) = filter.state {
         args.add(state).map_err(sqlx::Error::Encode)?;
         conds.push(format!("state = ${}", args.len()));

@@ -22,6 +22,7 @@ use super::{
 use crate::error::Result;
 use crate::phase::PhaseCommit;
 
+mod audit;
 mod commit;
 mod gc;
 mod group_commit;
@@ -193,7 +194,8 @@ impl Store for SqliteStore {
     }
 
     async fn steps(&self, workflow_id: &str) -> Result<Vec<StepRecord>> {
-        let q = sqlx::query_as("SELECT * FROM workflow_steps WHERE workflow_id = $1 ORDER BY started_at, step_key");
+        let q =
+            sqlx::query_as("SELECT * FROM workflow_steps WHERE workflow_id = $1 ORDER BY seq, started_at, step_key");
         Ok(q.bind(workflow_id).fetch_all(&self.pool).await?)
     }
 
@@ -321,6 +323,18 @@ impl Store for SqliteStore {
 
     async fn count_finished(&self, ended_by: i64) -> Result<Deleted> {
         gc::count_finished(self, ended_by).await
+    }
+
+    async fn insert_audit(&self, entry: &super::AuditRecord) -> Result<()> {
+        audit::insert(&self.writer, entry).await
+    }
+
+    async fn finish_audit(&self, id: &str, status: i32, result: &str) -> Result<()> {
+        audit::finish(&self.writer, id, status, result).await
+    }
+
+    async fn audit(&self, filter: super::AuditFilter<'_>) -> Result<Vec<super::AuditRecord>> {
+        audit::read(&self.pool, filter).await
     }
 
     async fn listen(&self) -> Result<Option<Listener>> {

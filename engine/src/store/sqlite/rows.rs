@@ -11,13 +11,13 @@ use super::super::{StepRecord, WorkflowRecord, WorkflowUpdate, common};
 pub(super) type SqliteQuery<'q> = sqlx::query::Query<'q, Sqlite, SqliteArguments>;
 
 /// Parameters of [`insert_workflow_sql`].
-pub(super) const WORKFLOW_PARAMS: usize = 16;
+pub(super) const WORKFLOW_PARAMS: usize = 17;
 
 /// Inserts a workflow with its compensation list, parameters from `$first` in the order of [`bind_workflow`],
 /// unless its id exists.
 pub(super) fn insert_workflow_sql(first: usize) -> String {
     let mut sql = "INSERT INTO workflows (workflow_id, name, input, input_hash, state, output, error, lease_owner, \
-        lease_expires_at, lease_epoch, next_attempt_at, notify, created_at, updated_at, compensations, tenant) VALUES "
+        lease_expires_at, lease_epoch, next_attempt_at, notify, created_at, updated_at, compensations, tenant, trace) VALUES "
         .to_owned();
     common::push_value_rows(&mut sql, 1, WORKFLOW_PARAMS, Some(first));
     sql.push_str(" ON CONFLICT (workflow_id) DO NOTHING");
@@ -42,16 +42,16 @@ pub(super) fn bind_workflow<'q>(q: SqliteQuery<'q>, wf: &WorkflowRecord, comps: 
         .bind(wf.updated_at)
         .bind(comps)
         .bind(&wf.tenant)
+        .bind(&wf.trace)
 }
 
 /// `workflow_steps` with its columns, in the order [`bind_steps`] binds them.
-pub(super) const STEP_COLUMNS: &str =
-    "workflow_steps (workflow_id, step_key, step_name, kind, status, attempts, output, error, started_at, finished_at)";
+pub(super) const STEP_COLUMNS: &str = "workflow_steps (workflow_id, step_key, step_name, kind, status, attempts, output, error, started_at, finished_at, seq)";
 
 /// Parameters per row of [`STEP_COLUMNS`].
-pub(super) const STEP_PARAMS: usize = 10;
+pub(super) const STEP_PARAMS: usize = 11;
 
-/// A step upsert's conflict clause: the new row replaces the stored one.
+/// A step upsert's conflict clause: the new row replaces the stored one, but for its `seq` (set by the first).
 pub(super) const STEPS_ON_CONFLICT: &str = " ON CONFLICT (workflow_id, step_key) DO UPDATE SET \
     step_name = excluded.step_name, kind = excluded.kind, status = excluded.status, attempts = excluded.attempts, \
     output = excluded.output, error = excluded.error, started_at = excluded.started_at, \
@@ -78,7 +78,8 @@ pub(super) fn bind_steps<'q>(mut q: SqliteQuery<'q>, steps: &[StepRecord]) -> Sq
             .bind(&s.output)
             .bind(&s.error)
             .bind(s.started_at)
-            .bind(s.finished_at);
+            .bind(s.finished_at)
+            .bind(s.seq);
     }
     q
 }
@@ -132,6 +133,6 @@ mod tests {
     #[test]
     fn step_rows_number_parameters_in_order() {
         let sql = super::upsert_steps_sql(2, 1);
-        assert!(sql.contains("VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10), ($11, $12, $13, $14, $15"));
+        assert!(sql.contains("VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11), ($12, $13, $14, $15, $16"));
     }
 }

@@ -231,6 +231,14 @@ impl PaymentStore for MySqlStore {
             .await
     }
 
+    async fn payment_by_charge(&self, tenant: &str, charge_id: &str) -> Result<Option<PaymentRecord>, sqlx::Error> {
+        sqlx::query_as("SELECT * FROM payments WHERE tenant = ? AND charge_id = ? LIMIT 1")
+            .bind(tenant)
+            .bind(charge_id)
+            .fetch_optional(self.pool())
+            .await
+    }
+
     async fn payments_of_order(&self, tenant: &str, order_no: &OrderNo) -> Result<Vec<PaymentRecord>, sqlx::Error> {
         sqlx::query_as(
             "SELECT * FROM payments WHERE tenant = ? AND order_no = ? ORDER BY created_at DESC, request_no DESC",
