@@ -1,6 +1,7 @@
 //! Where orders, tokens and payment records are kept: the [`PaymentStore`] trait, and one file per backend that
 //! owns its SQL — how it runs the saga's two atomic phases (`postgres.rs`, `sqlite.rs`: one call of SQL with the
 //! commit; `mysql.rs`: closure steps in a transaction), the writes of the compensations, and the service's reads.
+//! Refunds are kept by the same stores, through [`RefundStore`] (`refund.rs`), which every `PaymentStore` is.
 
 use std::future::Future;
 
@@ -14,11 +15,15 @@ use crate::model::{
 mod lock;
 mod mysql;
 mod postgres;
+mod refund;
+mod refund_standard;
+mod refund_statement;
 mod sqlite;
 mod standard;
 mod statement;
 
 pub use lock::PassLock;
+pub use refund::{RefundEnd, RefundPhase, RefundReserve, RefundSteps, RefundStore};
 
 /// The tokens a retention pass deletes, each kind by the time its retention counts from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,11 +83,11 @@ fn engine_error(e: onceflow_engine::Error) -> sqlx::Error {
     }
 }
 
-/// A [`Store`] that also keeps orders, tokens and payment records.
+/// A [`Store`] that also keeps orders, tokens and payment records (and, as a [`RefundStore`], refunds).
 ///
 /// The saga's phases take the workflow's context: each backend runs them as it runs best, with the same steps,
 /// outputs and rows on every backend. Functions taking a connection run inside a step's transaction.
-pub trait PaymentStore: Store {
+pub trait PaymentStore: Store + RefundStore {
     /// Applies the engine's migrations, then the payment tables' (this crate's `migrations/<backend>/`).
     fn migrate_payments(&self) -> impl Future<Output = Result<(), onceflow_engine::Error>> + Send;
 

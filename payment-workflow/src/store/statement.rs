@@ -45,7 +45,9 @@ pub(super) async fn run_confirm<S: Store>(
 }
 
 /// A statement phase step's output as its type.
-fn decode<T: serde::de::DeserializeOwned>(output: Option<&Option<serde_json::Value>>) -> Result<T, Interrupt> {
+pub(super) fn decode<T: serde::de::DeserializeOwned>(
+    output: Option<&Option<serde_json::Value>>,
+) -> Result<T, Interrupt> {
     let value = output.and_then(Option::as_ref).unwrap_or(&serde_json::Value::Null);
     T::deserialize(value).map_err(|e| Interrupt::Engine(e.into()))
 }
@@ -62,7 +64,7 @@ pub enum PhaseDialect {
 impl PhaseDialect {
     /// The phase's parts for the write `dml` (an `INSERT` or `UPDATE` of at most one row) named `name`, which
     /// later parts test with [`PhaseDialect::wrote`].
-    fn write(self, name: &str, dml: &str) -> Vec<String> {
+    pub(super) fn write(self, name: &str, dml: &str) -> Vec<String> {
         match self {
             Self::Postgres => vec![format!("{name} AS ({dml} RETURNING 1)")],
             Self::Sqlite => {
@@ -72,7 +74,7 @@ impl PhaseDialect {
     }
 
     /// Whether the write `name` wrote its row (an SQL boolean).
-    fn wrote(self, name: &str) -> String {
+    pub(super) fn wrote(self, name: &str) -> String {
         match self {
             Self::Postgres => format!("EXISTS (SELECT 1 FROM {name})"),
             Self::Sqlite => format!("EXISTS (SELECT 1 FROM {SQLITE_PHASE_FLAGS} WHERE flag = '{name}')"),
