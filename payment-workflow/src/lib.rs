@@ -30,6 +30,7 @@ mod error;
 mod invariants;
 mod model;
 mod payments;
+mod refunds;
 mod retention;
 mod service;
 mod settings;
@@ -42,12 +43,18 @@ pub use channel::{
 pub use error::{Error, Result};
 pub use invariants::{Violation, check_invariants};
 pub use model::{
-    Currency, InvalidField, KEY_PATTERN, Order, OrderNo, OrderStatus, PaymentBody, PaymentInput, PaymentRecord,
-    PaymentRequest, PaymentStatus, Problem, RequestNo, StoredResponse, TOKEN_PATTERN, Token, TokenRecord, TokenState,
-    payment_workflow_id, positive_amount, problem,
+    Currency, InvalidField, KEY_PATTERN, MAX_REASON_CHARS, MERCHANT_REFUND_PREFIX, NewRefund, Order, OrderNo,
+    OrderStatus, PaymentBody, PaymentInput, PaymentRecord, PaymentRequest, PaymentStatus, Problem, RefundBody,
+    RefundInput, RefundNo, RefundRecord, RefundRecorded, RefundState, RequestNo, StoredResponse, TOKEN_PATTERN, Token,
+    TokenRecord, TokenState, merchant_refund_no, payment_workflow_id, positive_amount, problem, refund_no_of,
+    refund_workflow_id,
 };
 pub use payments::PaymentSaga;
+pub use refunds::RefundSaga;
 pub use retention::{BATCH as RETENTION_BATCH, PassReport};
-pub use service::{COMMAND_ROUTE, IssuedToken, PayResponse, Payments, TOKEN_TTL_MS};
+pub use service::{COMMAND_ROUTE, IssuedToken, PayResponse, Payments, TOKEN_TTL_MS, refund_route};
 pub use settings::Retention;
-pub use store::{PassLock, PaymentStore, Reserve, ReserveSteps, TokenKind};
+pub use store::{
+    PassLock, PaymentStore, RefundEnd, RefundPhase, RefundReserve, RefundSteps, RefundStore, Reserve, ReserveSteps,
+    TokenKind,
+};
