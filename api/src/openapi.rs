@@ -11,7 +11,7 @@ use utoipa::{OpenApi, ToSchema};
 use onceflow_payments::{KEY_PATTERN, TOKEN_PATTERN};
 
 use crate::routes::views::WorkflowStateSchema;
-use crate::routes::{compat, ops, orders, payments, tokens};
+use crate::routes::{compat, ops, orders, payments, refunds, tokens};
 
 /// A problem (RFC 9457), the shape of every error.
 #[derive(Debug, Serialize, ToSchema)]
@@ -27,13 +27,18 @@ pub struct Problem {
     pub detail: String,
     /// Stable, machine-readable: invalid_request, idempotency_key_missing, idempotency_key_invalid,
     /// idempotency_key_mismatch, token_not_found, order_not_found, order_conflict, order_not_payable,
-    /// amount_mismatch, request_no_conflict, payment_declined, payment_not_found, workflow_not_found,
+    /// amount_mismatch, request_no_conflict, payment_declined, payment_not_found, payment_not_refundable,
+    /// refund_exceeds_payment, refund_no_conflict, refund_failed, refund_not_found, workflow_not_found,
     /// invalid_state, unauthorized, forbidden, not_found, method_not_allowed, payload_too_large, request_timeout,
     /// unsupported_media_type, unavailable, internal.
     pub code: String,
     /// With `payment_declined`: the channel's reason.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub decline_code: Option<String>,
+    /// With `refund_exceeds_payment`: what is left to refund (minor units): the charge less every succeeded or
+    /// in-flight refund of it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub refundable: Option<i64>,
 }
 
 /// The API's document.
@@ -41,7 +46,7 @@ pub struct Problem {
 #[openapi(
     info(
         title = "onceflow",
-        description = "Payments that never charge twice: orders, idempotency tokens, payments, operations."
+        description = "Payments that never charge twice: orders, idempotency tokens, payments, refunds, operations."
     ),
     paths(
         orders::create_order,
@@ -50,6 +55,9 @@ pub struct Problem {
         payments::pay,
         payments::get_payment,
         payments::list_payments,
+        refunds::refund,
+        refunds::list_refunds,
+        refunds::get_refund,
         compat::legacy_token,
         compat::legacy_pay,
         ops::list_workflows,
@@ -130,7 +138,7 @@ fn complete_parameter(path: &str, param: &mut Value) {
         param["explode"] = json!(false);
     }
     let schema = match name.as_str() {
-        "order_no" | "request_no" => json!({ "type": "string", "pattern": KEY_PATTERN }),
+        "order_no" | "request_no" | "refund_no" => json!({ "type": "string", "pattern": KEY_PATTERN }),
         "Idempotency-Key" => {
             // Or `token` in the body (the original design's clients): one of the two is required, which OpenAPI
             // cannot say across a header and a body field; the document says it in words, and
