@@ -139,10 +139,10 @@ fn complete_parameter(path: &str, param: &mut Value) {
     }
     let schema = match name.as_str() {
         "order_no" | "request_no" | "refund_no" => json!({ "type": "string", "pattern": KEY_PATTERN }),
-        "Idempotency-Key" => {
-            // Or `token` in the body (the original design's clients): one of the two is required, which OpenAPI
-            // cannot say across a header and a body field; the document says it in words, and
-            // api/tests/schemathesis/hooks.py tells schemathesis.
+        // A payment's token: or `token` in the body (the original design's clients); one of the two is required,
+        // which OpenAPI cannot say across a header and a body field; the document says it in words, and
+        // api/tests/schemathesis/hooks.py tells schemathesis. (A refund's is the header alone, required.)
+        "Idempotency-Key" if path == "/v1/payments" => {
             param["required"] = json!(false);
             param["description"] = json!(
                 "Token from POST /v1/tokens: 1-128 characters of A-Z a-z 0-9 _ -. Required unless the body \
@@ -150,6 +150,7 @@ fn complete_parameter(path: &str, param: &mut Value) {
             );
             json!({ "type": "string", "pattern": TOKEN_PATTERN })
         }
+        "Idempotency-Key" => json!({ "type": "string", "pattern": TOKEN_PATTERN }),
         // The same enum as a workflow's `state` in the answers: one type for clients.
         "state" => json!({ "$ref": format!("#/components/schemas/{}", WorkflowStateSchema::name()) }),
         "limit" => json!({ "type": "integer", "format": "int64", "minimum": 1, "maximum": 1000 }),
