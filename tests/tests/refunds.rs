@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use onceflow_engine::clock::{Clock, ManualClock};
+use onceflow_engine::clock::ManualClock;
 use onceflow_engine::store::WorkflowState;
 use onceflow_engine::{EngineConfig, Outcome};
 use onceflow_payments::{
@@ -142,10 +142,7 @@ async fn a_cancelled_refund_ends_as_the_channel_says<S: TestDb + PaymentStore>(s
         }
         let channel_says =
             ledger.ledger().refunds.iter().find(|r| r.merchant_refund_no == record.merchant_refund_no).cloned();
-        assert_eq!(
-            channel_says.map(|r| r.status.clone()).map(|s| format!("{s:?}").to_lowercase()),
-            Some(outcome.to_owned())
-        );
+        assert_eq!(channel_says.map(|r| r.status).map(|s| format!("{s:?}").to_lowercase()), Some(outcome.to_owned()));
     }
     let payment = p.payment(T, &request_no("R-1")).await.unwrap().unwrap();
     assert_eq!((payment.refunded_amount, payment.refund_reserved), (400, 100), "the held refund's reservation stays");
