@@ -37,7 +37,7 @@ pub struct IssuedToken {
     pub expires_at: i64,
 }
 
-/// The answer to a payment request.
+/// The answer to a payment or refund request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PayResponse {
     /// HTTP status.
