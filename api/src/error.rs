@@ -20,7 +20,8 @@ pub struct Problem {
     pub detail: String,
     /// Stable, machine-readable: invalid_request, idempotency_key_missing, idempotency_key_invalid,
     /// idempotency_key_mismatch, token_not_found, order_not_found, order_conflict, order_not_payable,
-    /// amount_mismatch, request_no_conflict, payment_declined, payment_not_found, workflow_not_found,
+    /// amount_mismatch, request_no_conflict, payment_declined, payment_not_found, payment_not_refundable,
+    /// refund_exceeds_payment, refund_no_conflict, refund_failed, refund_not_found, workflow_not_found,
     /// invalid_state, event_not_found, endpoint_not_found, endpoint_disabled, endpoint_limit, webhook_url_refused,
     /// cursor_expired, notification_unverified, reconciliation_not_found, unauthorized, forbidden, not_found,
     /// method_not_allowed, payload_too_large, request_timeout, unsupported_media_type, unavailable, internal.

@@ -36,6 +36,19 @@ fn describe() {
         ::metrics::Unit::Seconds,
         "Age of the oldest unresolved payment (0 when there is none)"
     );
+    ::metrics::describe_gauge!(
+        "onceflow_unresolved_refunds",
+        "Refunds asked of the channel whose outcome is still unknown or processing (asked again, never guessed)"
+    );
+    ::metrics::describe_gauge!(
+        "onceflow_unresolved_refund_oldest_seconds",
+        ::metrics::Unit::Seconds,
+        "Age of the oldest unresolved refund (0 when there is none)"
+    );
+    ::metrics::describe_counter!(
+        "onceflow_refunds_total",
+        "Merchant refunds by how they ended (succeeded, failed, exceeds, not_refundable, refund_no_conflict)"
+    );
     ::metrics::describe_counter!(
         "onceflow_gc_deleted_total",
         "Rows deleted by this process's retention passes, by kind (unused_tokens, used_tokens, workflows, steps)"

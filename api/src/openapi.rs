@@ -15,8 +15,8 @@ use onceflow_payments::{KEY_PATTERN, PaymentStore, TOKEN_PATTERN};
 use crate::error::Problem;
 use crate::routes::views::WorkflowStateSchema;
 use crate::routes::{
-    audit, compat, events, notifications, ops, orders, payments, reconciliations, search, tokens, unresolved, webhooks,
-    whoami,
+    audit, compat, events, notifications, ops, orders, payments, reconciliations, refunds, search, tokens, unresolved,
+    webhooks, whoami,
 };
 use crate::state::AppState;
 
@@ -25,7 +25,7 @@ use crate::state::AppState;
 #[openapi(
     info(
         title = "onceflow",
-        description = "Payments that never charge twice: orders, idempotency tokens, payments, operations."
+        description = "Payments that never charge twice: orders, idempotency tokens, payments, refunds, operations."
     ),
     paths(
         orders::create_order,
@@ -34,6 +34,9 @@ use crate::state::AppState;
         payments::pay,
         payments::get_payment,
         payments::list_payments,
+        refunds::refund,
+        refunds::list_refunds,
+        refunds::get_refund,
         compat::legacy_token,
         compat::legacy_pay,
         ops::list_workflows,
@@ -141,11 +144,11 @@ fn complete_parameter(path: &str, param: &mut Value) {
         param["explode"] = json!(false);
     }
     let schema = match name.as_str() {
-        "order_no" | "request_no" => json!({ "type": "string", "pattern": KEY_PATTERN }),
-        "Idempotency-Key" => {
-            // Or `token` in the body (the original design's clients): one of the two is required, which OpenAPI
-            // cannot say across a header and a body field; the document says it in words, and
-            // api/tests/schemathesis/hooks.py tells schemathesis.
+        "order_no" | "request_no" | "refund_no" => json!({ "type": "string", "pattern": KEY_PATTERN }),
+        // A payment's token: or `token` in the body (the original design's clients); one of the two is required,
+        // which OpenAPI cannot say across a header and a body field; the document says it in words, and
+        // api/tests/schemathesis/hooks.py tells schemathesis. (A refund's is the header alone, required.)
+        "Idempotency-Key" if path == "/v1/payments" => {
             param["required"] = json!(false);
             param["description"] = json!(
                 "Token from POST /v1/tokens: 1-128 characters of A-Z a-z 0-9 _ -. Required unless the body \
@@ -153,6 +156,7 @@ fn complete_parameter(path: &str, param: &mut Value) {
             );
             json!({ "type": "string", "pattern": TOKEN_PATTERN })
         }
+        "Idempotency-Key" => json!({ "type": "string", "pattern": TOKEN_PATTERN }),
         // The same enum as a workflow's `state` in the answers: one type for clients.
         "state" => json!({ "$ref": format!("#/components/schemas/{}", WorkflowStateSchema::name()) }),
         "limit" => json!({ "type": "integer", "format": "int64", "minimum": 1, "maximum": 1000 }),

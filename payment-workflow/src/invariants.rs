@@ -1,25 +1,72 @@
 //! The invariants a payment system must keep, checked against the channel's ledger and the database.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
-use crate::channel::Ledger;
-use crate::model::{OrderStatus, PaymentStatus};
+use crate::channel::{ChargeStatus, Ledger, RefundStatus};
+use crate::model::{
+    OrderStatus, PaymentRecord, PaymentStatus, RefundRecord, RefundState, merchant_refund_no, refund_no_of,
+};
 use crate::store::PaymentStore;
 
 /// One broken invariant, said plainly.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Violation(pub String);
 
-/// Checks, per tenant (the channel's merchant): every order has at most one kept (succeeded, not refunded)
-/// charge; an order is `paid` exactly when it has one; every kept charge has this tenant's `succeeded` payment
-/// record of the same order and amount; every refunded charge was this tenant's own payment's; no order is
-/// left `paying` and no payment `processing` (call after recovery has run).
+/// A tenant (the channel's merchant) and one of its numbers.
+type Key = (String, String);
+
+/// Checks, per tenant (the channel's merchant): every order has at most one kept (succeeded, not refunded in
+/// full) charge; an order is `paid` exactly when it has one, and `refunded` exactly when the charge of its
+/// `succeeded` payment came back whole through the merchant's refunds; every kept charge has this tenant's
+/// `succeeded` payment record of the same order and amount; every refunded charge was this tenant's own
+/// payment's, and its refunds never exceed it; per charge, the channel's succeeded merchant refunds sum to the
+/// payment's `refunded_amount`; every refund at the channel is a refund of ours (a merchant's, under the number
+/// derived from its `refund_no`, of the same payment and amount, or a compensation's, of its own payment) and
+/// every one of ours is at the channel as it says; no channel number is used by two refunds; nothing is left
+/// `paying`, `processing` or reserved (call after recovery has run).
 pub async fn check_invariants<S: PaymentStore>(store: &S, ledger: &Ledger) -> Result<Vec<Violation>, sqlx::Error> {
     let mut violations = Vec::new();
-    let orders = store.all_orders().await?;
-    let payments: HashMap<(String, String), _> =
+    let payments: HashMap<Key, PaymentRecord> =
         store.all_payments().await?.into_iter().map(|p| ((p.tenant.clone(), p.request_no.to_string()), p)).collect();
-    for order in &orders {
+    let refunds = store.all_refunds().await?;
+    check_orders(store, ledger, &payments, &mut violations).await?;
+    check_charges(ledger, &payments, &mut violations);
+    check_refunds(ledger, &payments, &refunds, &mut violations);
+    for p in payments.values() {
+        let name = format!("payment {}/{}", p.tenant, p.request_no);
+        if p.status == PaymentStatus::Processing {
+            violations.push(Violation(format!("{name} is left processing")));
+        }
+        if p.refund_reserved != 0 {
+            violations.push(Violation(format!("{name} has {} reserved for refunds, left so", p.refund_reserved)));
+        }
+        if p.refunded_amount + p.refund_reserved > p.amount || p.refunded_amount < 0 {
+            violations.push(Violation(format!("{name} refunded {} of {}", p.refunded_amount, p.amount)));
+        }
+    }
+    Ok(violations)
+}
+
+/// What the merchant's succeeded refunds (not a compensation's) gave back of each charge, by its number.
+fn merchant_refunded(ledger: &Ledger) -> HashMap<Key, i64> {
+    let mut refunded = HashMap::new();
+    for r in ledger.refunds.iter().filter(|r| r.status == RefundStatus::Succeeded) {
+        if refund_no_of(&r.merchant_refund_no).is_some() {
+            let key = (r.merchant_id.clone().unwrap_or_default(), r.merchant_request_no.clone());
+            *refunded.entry(key).or_default() += r.amount;
+        }
+    }
+    refunded
+}
+
+async fn check_orders<S: PaymentStore>(
+    store: &S,
+    ledger: &Ledger,
+    payments: &HashMap<Key, PaymentRecord>,
+    violations: &mut Vec<Violation>,
+) -> Result<(), sqlx::Error> {
+    let refunded = merchant_refunded(ledger);
+    for order in &store.all_orders().await? {
         let (tenant, order_no) = (&order.tenant, &order.order_no);
         let kept = ledger.kept_charges_of(tenant, order_no.as_str());
         if kept > 1 {
@@ -33,7 +80,26 @@ pub async fn check_invariants<S: PaymentStore>(store: &S, ledger: &Ledger) -> Re
         if order.status == OrderStatus::Paying {
             violations.push(Violation(format!("order {tenant}/{order_no} is left paying")));
         }
+        // Given back whole by the merchant's refunds: a succeeded charge of the order, of a succeeded payment.
+        let given_back = ledger.charges.iter().any(|c| {
+            let key = (c.merchant_id.clone(), c.merchant_request_no.clone());
+            c.merchant_id == *tenant
+                && c.order_no == order_no.as_str()
+                && c.status == ChargeStatus::Succeeded
+                && payments.get(&key).is_some_and(|p| p.status == PaymentStatus::Succeeded)
+                && refunded.get(&key).copied().unwrap_or(0) == c.amount
+        });
+        if (order.status == OrderStatus::Refunded) != given_back {
+            let came_back = if given_back { "came back whole" } else { "did not come back whole" };
+            violations
+                .push(Violation(format!("order {tenant}/{order_no} is {} but its charge {came_back}", order.status)));
+        }
     }
+    Ok(())
+}
+
+fn check_charges(ledger: &Ledger, payments: &HashMap<Key, PaymentRecord>, violations: &mut Vec<Violation>) {
+    let refunded = merchant_refunded(ledger);
     for charge in &ledger.charges {
         let key = (charge.merchant_id.clone(), charge.merchant_request_no.clone());
         let name = format!("{}/{}", charge.merchant_id, charge.merchant_request_no);
@@ -41,6 +107,19 @@ pub async fn check_invariants<S: PaymentStore>(store: &S, ledger: &Ledger) -> Re
         if charge.refunded && record.is_none_or(|p| p.order_no != charge.order_no.as_str() || p.amount != charge.amount)
         {
             violations.push(Violation(format!("charge {name} was refunded but is no payment of this tenant's")));
+        }
+        if charge.refunded_amount > charge.amount {
+            violations
+                .push(Violation(format!("charge {name} of {} was refunded {}", charge.amount, charge.refunded_amount)));
+        }
+        let by_merchant = refunded.get(&key).copied().unwrap_or(0);
+        if let Some(p) = record
+            && p.refunded_amount != by_merchant
+        {
+            violations.push(Violation(format!(
+                "charge {name}: the channel's merchant refunds gave back {by_merchant}, the payment says {}",
+                p.refunded_amount
+            )));
         }
         if !charge.is_kept() {
             continue;
@@ -52,8 +131,84 @@ pub async fn check_invariants<S: PaymentStore>(store: &S, ledger: &Ledger) -> Re
             None => violations.push(Violation(format!("charge {name} has no payment record"))),
         }
     }
-    for p in payments.values().filter(|p| p.status == PaymentStatus::Processing) {
-        violations.push(Violation(format!("payment {}/{} is left processing", p.tenant, p.request_no)));
+}
+
+fn check_refunds(
+    ledger: &Ledger,
+    payments: &HashMap<Key, PaymentRecord>,
+    refunds: &[RefundRecord],
+    violations: &mut Vec<Violation>,
+) {
+    let ours: HashMap<Key, &RefundRecord> =
+        refunds.iter().map(|r| ((r.tenant.clone(), r.merchant_refund_no.clone()), r)).collect();
+    if ours.len() != refunds.len() {
+        violations.push(Violation("two refunds share a channel number".into()));
     }
-    Ok(violations)
+    let mut at_channel: HashMap<Key, RefundStatus> = HashMap::new();
+    for r in &ledger.refunds {
+        let merchant = r.merchant_id.clone().unwrap_or_default();
+        let name = format!("{merchant}/{}", r.merchant_refund_no);
+        if at_channel.insert((merchant.clone(), r.merchant_refund_no.clone()), r.status).is_some() {
+            violations.push(Violation(format!("refund number {name} was used twice at the channel")));
+        }
+        if refund_no_of(&r.merchant_refund_no).is_none() {
+            // A compensation's: the payment's own number, refunded whole.
+            let own = payments
+                .get(&(merchant.clone(), r.merchant_request_no.clone()))
+                .is_some_and(|p| p.request_no.refund_no() == r.merchant_refund_no && p.amount == r.amount);
+            if !own {
+                violations.push(Violation(format!("refund {name} is neither a merchant's nor a compensation's")));
+            }
+            continue;
+        }
+        match ours.get(&(merchant, r.merchant_refund_no.clone())) {
+            None => violations.push(Violation(format!("refund {name} at the channel has no refund record"))),
+            Some(o) if o.request_no.as_str() != r.merchant_request_no || o.amount != r.amount => {
+                violations.push(Violation(format!("refund {name} refunded another payment or amount than ours")));
+            }
+            Some(o) => {
+                let agree = matches!(
+                    (o.status, r.status),
+                    (RefundState::Succeeded, RefundStatus::Succeeded)
+                        | (RefundState::Failed, RefundStatus::Failed)
+                        | (RefundState::Processing, RefundStatus::Processing)
+                );
+                if !agree {
+                    violations
+                        .push(Violation(format!("refund {name} is {:?} at the channel, {} here", r.status, o.status)));
+                }
+            }
+        }
+    }
+    let mut by_payment: HashMap<Key, (i64, i64)> = HashMap::new();
+    let mut numbers = HashSet::new();
+    for o in refunds {
+        let name = format!("refund {}/{}", o.tenant, o.refund_no);
+        if o.merchant_refund_no != merchant_refund_no(&o.refund_no) || !numbers.insert(o.merchant_refund_no.clone()) {
+            violations.push(Violation(format!("{name} has the channel number {}", o.merchant_refund_no)));
+        }
+        let entry = by_payment.entry((o.tenant.clone(), o.request_no.to_string())).or_default();
+        match o.status {
+            RefundState::Processing => {
+                entry.1 += o.amount;
+                violations.push(Violation(format!("{name} is left processing")));
+            }
+            RefundState::Succeeded => {
+                entry.0 += o.amount;
+                if at_channel.get(&(o.tenant.clone(), o.merchant_refund_no.clone())) != Some(&RefundStatus::Succeeded) {
+                    violations.push(Violation(format!("{name} succeeded here, not at the channel")));
+                }
+            }
+            RefundState::Failed => {}
+        }
+    }
+    for (key, p) in payments {
+        let (succeeded, processing) = by_payment.get(key).copied().unwrap_or_default();
+        if (p.refunded_amount, p.refund_reserved) != (succeeded, processing) {
+            violations.push(Violation(format!(
+                "payment {}/{} says refunded {} and reserved {}; its refunds say {succeeded} and {processing}",
+                key.0, key.1, p.refunded_amount, p.refund_reserved
+            )));
+        }
+    }
 }

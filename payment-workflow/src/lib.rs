@@ -33,6 +33,7 @@ mod model;
 mod notifications;
 mod payments;
 mod reconcile;
+mod refunds;
 mod retention;
 mod service;
 mod settings;
@@ -50,19 +51,22 @@ pub use error::{Error, Result};
 pub use events::{EventSettings, EventStore, EventType, Events, NewEvent};
 pub use invariants::{Violation, check_invariants};
 pub use model::{
-    Currency, InvalidField, KEY_PATTERN, Order, OrderNo, OrderStatus, PaymentBody, PaymentInput, PaymentRecord,
-    PaymentRequest, PaymentStatus, Problem, RequestNo, StoredResponse, TOKEN_PATTERN, Token, TokenRecord, TokenState,
-    payment_workflow_id, positive_amount, problem,
+    Currency, InvalidField, KEY_PATTERN, MAX_REASON_CHARS, MERCHANT_REFUND_PREFIX, NewRefund, Order, OrderNo,
+    OrderStatus, PaymentBody, PaymentInput, PaymentRecord, PaymentRequest, PaymentStatus, Problem, RefundBody,
+    RefundInput, RefundNo, RefundRecord, RefundRecorded, RefundState, RequestNo, StoredResponse, TOKEN_PATTERN, Token,
+    TokenRecord, TokenState, merchant_refund_no, payment_workflow_id, positive_amount, problem, refund_no_of,
+    refund_workflow_id,
 };
 pub use notifications::{ChannelAccounts, NotTaken, Taken, take_notification};
 pub use payments::PaymentSaga;
 pub use reconcile::{
     Class, ReconcileError, ReconcileReport, ReconciledException, Reconciler, Reconciliation, reconciliations,
 };
+pub use refunds::RefundSaga;
 pub use retention::{BATCH as RETENTION_BATCH, PassReport};
-pub use service::{COMMAND_ROUTE, IssuedToken, PayResponse, Payments, TOKEN_TTL_MS};
+pub use service::{COMMAND_ROUTE, IssuedToken, PayResponse, Payments, TOKEN_TTL_MS, refund_route};
 pub use settings::Retention;
 pub use store::{
-    ChannelWord, ChannelWordStore, ExceptionRow, PassLock, PaymentStore, PhaseDialect, ReconciliationRow, Reserve,
-    ReserveSteps, StagedLine, StatementCopy, TokenKind,
+    ChannelWord, ChannelWordStore, ExceptionRow, PassLock, PaymentStore, PhaseDialect, ReconciliationRow, RefundEnd,
+    RefundPhase, RefundReserve, RefundSteps, RefundStore, Reserve, ReserveSteps, StagedLine, StatementCopy, TokenKind,
 };

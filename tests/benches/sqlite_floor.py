@@ -80,7 +80,7 @@ def main():
             (f"tok{n}",),
         )
         c.execute(
-            "INSERT INTO payments VALUES ('default', ?, ?, 1000, 'CNY', 'processing', ?, NULL, NULL, 1, 1)",
+            "INSERT INTO payments VALUES ('default', ?, ?, 1000, 'CNY', 'processing', ?, NULL, NULL, 1, 1, 0, 0)",
             (f"r{n}", f"o{n}", f"tok{n}"),
         )
         c.execute(

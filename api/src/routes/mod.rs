@@ -25,6 +25,7 @@ pub mod ops;
 pub mod orders;
 pub mod payments;
 pub mod reconciliations;
+pub mod refunds;
 pub mod search;
 pub mod tokens;
 pub mod unresolved;
@@ -47,6 +48,8 @@ pub(crate) fn app<S: PaymentStore>(state: AppState<S>, more: Router<AppState<S>>
         .route("/v1/tokens", post(tokens::issue_token::<S>))
         .route("/v1/payments", post(payments::pay::<S>).get(payments::list_payments::<S>))
         .route("/v1/payments/{request_no}", get(payments::get_payment::<S>))
+        .route("/v1/payments/{request_no}/refunds", post(refunds::refund::<S>).get(refunds::list_refunds::<S>))
+        .route("/v1/refunds/{refund_no}", get(refunds::get_refund::<S>))
         .route("/tokens", post(compat::legacy_token::<S>))
         .route("/pay", post(compat::legacy_pay::<S>))
         .route("/v1/workflows", get(ops::list_workflows::<S>))

@@ -240,7 +240,8 @@ pub async fn readyz<S: PaymentStore>(State(state): State<AppState<S>>) -> Respon
 
 /// Prometheus metrics: requests by route and status, latency histograms, whether the database answers, workflows
 /// by state (counted in the background, with the time of the count), channel calls by outcome, unresolved
-/// payments (how many, the oldest one's age). With operator keys configured, for operator keys only.
+/// payments and refunds (how many, the oldest one's age), refunds by outcome. With operator keys configured, for
+/// operator keys only.
 #[utoipa::path(get, path = "/metrics", tag = "operations", responses(
     (status = 200, description = "Prometheus text format"),
     (status = 401, description = "unauthorized: no operator key (when operator keys are configured)", body = crate::error::Problem),
@@ -268,6 +269,12 @@ pub async fn metrics<S: PaymentStore>(State(state): State<AppState<S>>, headers:
         let age_ms = oldest.map_or(0, |created_at| (chrono::Utc::now().timestamp_millis() - created_at).max(0));
         metrics::gauge!("onceflow_unresolved_payments").set(count as f64);
         metrics::gauge!("onceflow_unresolved_payment_oldest_seconds").set(age_ms as f64 / 1000.0);
+    }
+    // Refunds beside payments: asked of the channel, their outcome unknown or processing.
+    if up && let Ok((count, oldest)) = engine.store().unresolved_refunds().await {
+        let age_ms = oldest.map_or(0, |created_at| (chrono::Utc::now().timestamp_millis() - created_at).max(0));
+        metrics::gauge!("onceflow_unresolved_refunds").set(count as f64);
+        metrics::gauge!("onceflow_unresolved_refund_oldest_seconds").set(age_ms as f64 / 1000.0);
     }
     let body = crate::metrics::render() + &figures;
     ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], body).into_response()

@@ -50,7 +50,7 @@ struct TokenOnly {
     token: Option<String>,
 }
 
-fn is_json(headers: &HeaderMap) -> bool {
+pub(crate) fn is_json(headers: &HeaderMap) -> bool {
     headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).and_then(|v| v.split(';').next()).is_some_and(|v| {
         let v = v.trim().to_ascii_lowercase();
         v == "application/json" || (v.starts_with("application/") && v.ends_with("+json"))
@@ -58,7 +58,7 @@ fn is_json(headers: &HeaderMap) -> bool {
 }
 
 /// The wait asked for by `Prefer: wait=N` (seconds), else the server's default.
-fn wait_of(headers: &HeaderMap, default: Duration) -> Duration {
+pub(crate) fn wait_of(headers: &HeaderMap, default: Duration) -> Duration {
     headers
         .get_all("prefer")
         .iter()

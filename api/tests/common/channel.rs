@@ -69,6 +69,7 @@ struct Book {
     closes: u64,
     /// The `traceparent` header of every request that carried one, in the order they came.
     traceparents: Vec<String>,
+    refund_calls: u64,
 }
 
 /// The channel: cheap to clone, clones share the ledger.
@@ -171,6 +172,30 @@ impl TestChannel {
         self.book.lock().unwrap().closes
     }
 
+    /// Refund requests received (repeats included).
+    pub fn refund_calls(&self) -> u64 {
+        self.book.lock().unwrap().refund_calls
+    }
+
+    /// Everything the channel did, in the shape of the mock channel's ledger, for `check_invariants`.
+    pub fn ledger(&self) -> onceflow_payments::Ledger {
+        let charges = self
+            .charges()
+            .into_iter()
+            .map(|c| onceflow_payments::LedgerCharge {
+                merchant_id: c.merchant_id,
+                merchant_request_no: c.merchant_request_no,
+                order_no: c.order_no,
+                amount: c.amount,
+                status: onceflow_payments::ChargeStatus::Succeeded,
+                refunded: c.refunded,
+                refunded_amount: c.refunded_amount,
+            })
+            .collect();
+        let refunds = self.refunds().into_iter().map(|r| serde_json::from_value(r).unwrap()).collect();
+        onceflow_payments::Ledger { charges, refunds, refund_calls: self.refund_calls(), ..Default::default() }
+    }
+
     fn key(&self, merchant_id: &str, no: &str) -> (String, String) {
         (if self.mixed { String::new() } else { merchant_id.to_owned() }, no.to_owned())
     }
@@ -262,6 +287,7 @@ async fn refund(State(c): State<TestChannel>, Json(req): Json<Value>) -> Respons
     let charge_key = c.key(&text(&req, "merchant_id"), &text(&req, "merchant_request_no"));
     let amount = req["amount"].as_i64().unwrap_or(0);
     let mut book = c.book.lock().unwrap();
+    book.refund_calls += 1;
     let mode = book.refund_mode;
     if let Some(done) = book.refunds.get(&refund_key) {
         let same = done["merchant_request_no"] == req["merchant_request_no"] && done["amount"] == req["amount"];

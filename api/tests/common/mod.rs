@@ -74,6 +74,19 @@ pub async fn create_orders(url: &str, n: usize) {
     with_payments(url, channel, EngineConfig::default(), 2, Orders(n)).await.expect("database");
 }
 
+/// The money invariants (`check_invariants`) of the database `url` against `ledger`.
+pub async fn invariants(url: &str, ledger: onceflow_payments::Ledger) -> Vec<onceflow_payments::Violation> {
+    struct Check(onceflow_payments::Ledger);
+    impl OnPayments for Check {
+        type Output = Vec<onceflow_payments::Violation>;
+        async fn run<S: PaymentStore>(self, payments: Payments<S>) -> Self::Output {
+            onceflow_payments::check_invariants(payments.engine().store(), &self.0).await.unwrap()
+        }
+    }
+    let channel = Arc::new(MockChannel::reliable());
+    with_payments(url, channel, EngineConfig::default(), 2, Check(ledger)).await.expect("database")
+}
+
 pub async fn start_reliable(url: &str) -> (App, MockChannel) {
     let channel = MockChannel::reliable();
     (start(url, Arc::new(channel.clone()), Auth::SingleTenant).await, channel)
@@ -157,6 +170,12 @@ impl App {
 
     pub async fn pay(&self, token: &str, body: Value) -> Answer {
         self.send(Method::POST, "/v1/payments", &[("idempotency-key", token)], Some(body)).await
+    }
+
+    /// `POST /v1/payments/{request_no}/refunds` under `token`.
+    pub async fn refund(&self, token: &str, request_no: &str, body: Value) -> Answer {
+        let path = format!("/v1/payments/{request_no}/refunds");
+        self.send(Method::POST, &path, &[("idempotency-key", token)], Some(body)).await
     }
 }
 

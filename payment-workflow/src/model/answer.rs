@@ -32,6 +32,10 @@ pub struct PaymentBody {
     pub decline_code: Option<String>,
     /// The order.
     pub order_no: OrderNo,
+    /// What the merchant's refunds that succeeded gave back (minor units); on `GET` only, so that the bytes of a
+    /// payment's stored answer never change.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refunded_amount: Option<i64>,
     /// The payment's number.
     pub request_no: RequestNo,
     /// Where the payment is.
@@ -63,6 +67,10 @@ pub struct Problem {
     /// With `payment_declined`: the channel's reason.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub decline_code: Option<String>,
+    /// With `refund_exceeds_payment`: what is left to refund (the charge less every succeeded or in-flight
+    /// refund of it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refundable: Option<i64>,
 }
 
 /// A problem body as RFC 9457 writes it, keys in alphabetical order (the bytes of bodies stored before).
@@ -72,6 +80,8 @@ struct ProblemBody<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     decline_code: Option<&'a str>,
     detail: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    refundable: Option<i64>,
     status: u16,
     title: &'a str,
     #[serde(rename = "type")]
@@ -81,7 +91,14 @@ struct ProblemBody<'a> {
 impl Problem {
     /// A problem without a decline code.
     pub fn new(status: u16, code: &str, title: &str, detail: &str) -> Self {
-        Self { status, code: code.to_owned(), title: title.to_owned(), detail: detail.to_owned(), decline_code: None }
+        Self {
+            status,
+            code: code.to_owned(),
+            title: title.to_owned(),
+            detail: detail.to_owned(),
+            decline_code: None,
+            refundable: None,
+        }
     }
 
     /// `402` `payment_declined`: the channel declined the charge, for the channel's reason (`declined` when it
@@ -98,6 +115,7 @@ impl Problem {
             code: &self.code,
             decline_code: self.decline_code.as_deref(),
             detail: &self.detail,
+            refundable: self.refundable,
             status: self.status,
             title: &self.title,
             kind: format!("urn:onceflow:problem:{}", self.code),
@@ -170,6 +188,7 @@ fn legacy_answer(failure: &Failure) -> Option<Problem> {
         title: text("title").unwrap_or_default(),
         detail: text("detail").unwrap_or_default(),
         decline_code: text("decline_code"),
+        refundable: body.get("refundable").and_then(serde_json::Value::as_i64),
     })
 }
 
@@ -202,6 +221,7 @@ mod tests {
             currency: Currency::parse("CNY").unwrap(),
             decline_code: None,
             order_no: OrderNo::parse("O-1").unwrap(),
+            refunded_amount: None,
             request_no: RequestNo::parse("R-1").unwrap(),
             status: PaymentStatus::Succeeded,
             workflow_id: None,

@@ -64,6 +64,13 @@ pub struct OrderNo(String);
 #[sqlx(transparent)]
 pub struct RequestNo(String);
 
+/// A merchant refund's number, unique per tenant forever: [`KEY_RULE`]. The channel knows the refund by a number
+/// derived from it (`numbers.rs`), never by this one.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, sqlx::Type)]
+#[serde(try_from = "String", into = "String")]
+#[sqlx(transparent)]
+pub struct RefundNo(String);
+
 impl OrderNo {
     /// The order number `value`, if it is one.
     pub fn parse(value: impl Into<String>) -> Result<Self, InvalidField> {
@@ -87,6 +94,19 @@ impl RequestNo {
     /// The number of this payment's refund.
     pub(crate) fn refund_no(&self) -> String {
         format!("{}-refund", self.0)
+    }
+}
+
+impl RefundNo {
+    /// The refund number `value`, if it is one.
+    pub fn parse(value: impl Into<String>) -> Result<Self, InvalidField> {
+        let value = value.into();
+        if is_key(&value) { Ok(Self(value)) } else { Err(InvalidField { field: "refund_no", rule: KEY_RULE }) }
+    }
+
+    /// The number of a refund whose client gave none: derived from its token, so every repeat has the same.
+    pub(crate) fn of_token(token: &Token) -> Self {
+        Self(format!("RF-{}", &super::hex_sha256(token.as_str().as_bytes())[..24]))
     }
 }
 
@@ -180,6 +200,13 @@ impl TryFrom<String> for RequestNo {
     }
 }
 
+impl TryFrom<String> for RefundNo {
+    type Error = InvalidField;
+    fn try_from(value: String) -> Result<Self, InvalidField> {
+        Self::parse(value)
+    }
+}
+
 impl TryFrom<String> for Token {
     type Error = InvalidField;
     fn try_from(value: String) -> Result<Self, InvalidField> {
@@ -229,7 +256,7 @@ macro_rules! text {
         }
     )+};
 }
-text!(OrderNo, RequestNo, Token, Currency);
+text!(OrderNo, RequestNo, RefundNo, Token, Currency);
 
 /// Shown in messages and logs (never a token: see its `Debug`).
 macro_rules! display {
@@ -241,7 +268,7 @@ macro_rules! display {
         }
     )+};
 }
-display!(OrderNo, RequestNo, Currency);
+display!(OrderNo, RequestNo, RefundNo, Currency);
 
 impl utoipa::PartialSchema for OrderNo {
     fn schema() -> RefOr<Schema> {
@@ -260,6 +287,13 @@ impl utoipa::PartialSchema for RequestNo {
     }
 }
 impl utoipa::ToSchema for RequestNo {}
+
+impl utoipa::PartialSchema for RefundNo {
+    fn schema() -> RefOr<Schema> {
+        string_schema(KEY_PATTERN, 64, "A refund's number: 1-64 characters of A-Z a-z 0-9 . _ : -, other than . and ..")
+    }
+}
+impl utoipa::ToSchema for RefundNo {}
 
 impl utoipa::PartialSchema for Token {
     fn schema() -> RefOr<Schema> {
@@ -285,7 +319,7 @@ impl utoipa::ToSchema for Currency {}
 pub(crate) mod stored {
     use serde::{Deserialize, Deserializer};
 
-    use super::{Currency, OrderNo, RequestNo, Token};
+    use super::{Currency, OrderNo, RefundNo, RequestNo, Token};
 
     /// An order number as stored.
     pub(crate) fn order_no<'de, D: Deserializer<'de>>(d: D) -> Result<OrderNo, D::Error> {
@@ -295,6 +329,11 @@ pub(crate) mod stored {
     /// A payment number as stored.
     pub(crate) fn request_no<'de, D: Deserializer<'de>>(d: D) -> Result<RequestNo, D::Error> {
         String::deserialize(d).map(RequestNo)
+    }
+
+    /// A refund number as stored.
+    pub(crate) fn refund_no<'de, D: Deserializer<'de>>(d: D) -> Result<RefundNo, D::Error> {
+        String::deserialize(d).map(RefundNo)
     }
 
     /// A token as stored.
@@ -318,6 +357,7 @@ mod tests {
         for bad in ["", ".", "..", "a b", "é", &"a".repeat(65)] {
             assert!(OrderNo::parse(bad).is_err(), "{bad:?}");
             assert!(RequestNo::parse(bad).is_err(), "{bad:?}");
+            assert!(RefundNo::parse(bad).is_err(), "{bad:?}");
         }
         assert!(OrderNo::parse("...").is_ok());
         assert!(Token::parse("tok_abc-DEF_123").is_ok());

@@ -46,6 +46,7 @@ impl PaymentInput {
             currency: self.currency.clone(),
             decline_code: None,
             order_no: self.order_no.clone(),
+            refunded_amount: None,
             request_no: self.request_no.clone(),
             status,
             workflow_id: None,

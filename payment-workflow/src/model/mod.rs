@@ -1,5 +1,6 @@
 //! Orders, tokens and payment records as stored, and the request to pay; the identifiers and statuses they are
-//! made of (`ids.rs`, `status.rs`) and the answers a payment gives (`answer.rs`).
+//! made of (`ids.rs`, `status.rs`) and the answers a payment gives (`answer.rs`); a merchant's refund
+//! (`refund.rs`, `refund_input.rs`) and the channel numbers of refunds (`numbers.rs`).
 
 use serde::Serialize;
 use sha2::{Digest, Sha256};
@@ -7,14 +8,22 @@ use sha2::{Digest, Sha256};
 mod answer;
 mod ids;
 mod input;
+mod numbers;
+mod refund;
+mod refund_input;
 mod status;
 
 pub(crate) use ids::stored;
 
 pub use answer::{PaymentBody, Problem, StoredResponse, problem};
-pub use ids::{Currency, InvalidField, KEY_PATTERN, OrderNo, RequestNo, TOKEN_PATTERN, Token, positive_amount};
+pub use ids::{
+    Currency, InvalidField, KEY_PATTERN, OrderNo, RefundNo, RequestNo, TOKEN_PATTERN, Token, positive_amount,
+};
 pub use input::{PaymentInput, payment_workflow_id};
-pub use status::{OrderStatus, PaymentStatus, TokenState};
+pub use numbers::{MERCHANT_REFUND_PREFIX, merchant_refund_no, refund_no_of};
+pub use refund::{MAX_REASON_CHARS, NewRefund, RefundBody, RefundRecord};
+pub use refund_input::{RefundInput, RefundRecorded, refund_workflow_id};
+pub use status::{OrderStatus, PaymentStatus, RefundState, TokenState};
 
 /// An order as stored.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, sqlx::FromRow)]
@@ -95,6 +104,11 @@ pub struct PaymentRecord {
     /// Last change (ms).
     #[serde(skip)]
     pub updated_at: i64,
+    /// What the merchant's refunds that succeeded gave back (minor units).
+    pub refunded_amount: i64,
+    /// What the merchant's refunds in flight hold (minor units): asked of the channel, not settled yet.
+    #[serde(skip)]
+    pub refund_reserved: i64,
 }
 
 /// A request to pay an order: valid by construction ([`PaymentRequest::new`]).
@@ -156,7 +170,8 @@ impl PaymentRecord {
     /// workflow that runs it.
     pub fn view(&self) -> PaymentBody {
         let workflow_id = Some(payment_workflow_id(&self.token));
-        PaymentBody { decline_code: self.decline_code.clone(), workflow_id, ..self.body() }
+        let refunded_amount = Some(self.refunded_amount);
+        PaymentBody { decline_code: self.decline_code.clone(), refunded_amount, workflow_id, ..self.body() }
     }
 
     /// This payment's body as payment answers show it.
@@ -167,6 +182,7 @@ impl PaymentRecord {
             currency: self.currency.clone(),
             decline_code: None,
             order_no: self.order_no.clone(),
+            refunded_amount: None,
             request_no: self.request_no.clone(),
             status: self.status,
             workflow_id: None,

@@ -138,6 +138,8 @@ mod tests {
             token: Token::parse("tok_x").unwrap(),
             charge_id: None,
             decline_code: None,
+            refunded_amount: 0,
+            refund_reserved: 0,
             created_at: 0,
             updated_at: 0,
         }

@@ -1,6 +1,6 @@
 //! The payment service, the crate's front: orders, tokens and reads here; paying over HTTP in `pay.rs`, for a
-//! queued command in `command.rs`. The sagas it runs live below it (`crate::payments`), on the model and store
-//! they share.
+//! queued command in `command.rs`; refunding in `refund.rs`. The sagas it runs live below it (`crate::payments`,
+//! `crate::refunds`), on the model and store they share.
 
 use std::sync::Arc;
 
@@ -15,13 +15,16 @@ use crate::model::{
     TokenState, positive_amount,
 };
 use crate::payments::PaymentSaga;
+use crate::refunds::RefundSaga;
 use crate::settings::{Retention, millis};
 use crate::store::PaymentStore;
 
 mod command;
 mod pay;
+mod refund;
 
 pub use command::COMMAND_ROUTE;
+pub use refund::refund_route;
 
 /// How long an unused token lives by default (`--token-ttl`; see [`Retention`]).
 pub const TOKEN_TTL_MS: i64 = 24 * 60 * 60 * 1000;
@@ -35,7 +38,7 @@ pub struct IssuedToken {
     pub expires_at: i64,
 }
 
-/// The answer to a payment request.
+/// The answer to a payment or refund request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PayResponse {
     /// HTTP status.
@@ -72,7 +75,7 @@ impl<S: PaymentStore> Clone for Payments<S> {
 }
 
 impl<S: PaymentStore> Payments<S> {
-    /// The service, with its engine (the payment saga registered). Start the engine's background loop with
+    /// The service, with its engine (the payment and refund sagas registered). Start the engine's background loop with
     /// `payments.engine().spawn_background()`.
     pub fn new(store: S, channel: Arc<dyn Channel>, config: EngineConfig) -> Self {
         Self::with_clock(store, channel, config, SystemClock)
@@ -81,7 +84,12 @@ impl<S: PaymentStore> Payments<S> {
     /// [`Payments::new`] on `clock` (tests: a manual clock), by which tokens are issued and expire, payments
     /// end and retention passes measure ages.
     pub fn with_clock(store: S, channel: Arc<dyn Channel>, config: EngineConfig, clock: impl Clock) -> Self {
-        let engine = Engine::builder(store).register(PaymentSaga::new(channel)).config(config).clock(clock).build();
+        let engine = Engine::builder(store)
+            .register(PaymentSaga::new(channel.clone()))
+            .register(RefundSaga::new(channel))
+            .config(config)
+            .clock(clock)
+            .build();
         Self { engine, retention: Retention::default(), events: Arc::default() }
     }
 

@@ -1,6 +1,7 @@
 //! Where orders, tokens and payment records are kept: the [`PaymentStore`] trait, and one file per backend that
 //! owns its SQL — how it runs the saga's two atomic phases (`postgres.rs`, `sqlite.rs`: one call of SQL with the
 //! commit; `mysql.rs`: closure steps in a transaction), the writes of the compensations, and the service's reads.
+//! Refunds are kept by the same stores, through [`RefundStore`] (`refund.rs`), which every `PaymentStore` is.
 
 use std::future::Future;
 
@@ -15,12 +16,16 @@ mod channel_word;
 mod lock;
 mod mysql;
 mod postgres;
+mod refund;
+mod refund_standard;
+mod refund_statement;
 mod sqlite;
 mod standard;
 mod statement;
 
 pub use channel_word::{ChannelWord, ChannelWordStore, ExceptionRow, ReconciliationRow, StagedLine, StatementCopy};
 pub use lock::PassLock;
+pub use refund::{RefundEnd, RefundPhase, RefundReserve, RefundSteps, RefundStore};
 pub use statement::PhaseDialect;
 
 /// The tokens a retention pass deletes, each kind by the time its retention counts from.
@@ -81,12 +86,13 @@ fn engine_error(e: onceflow_engine::Error) -> sqlx::Error {
     }
 }
 
-/// A [`Store`] that also keeps orders, tokens and payment records (and, as an [`crate::EventStore`], the
-/// merchant events their outcomes write).
+/// A [`Store`] that also keeps orders, tokens and payment records (and, as a [`RefundStore`], refunds; as an
+/// [`crate::EventStore`], the merchant events their outcomes write; as a [`ChannelWordStore`], the channel's
+/// notifications and statements).
 ///
 /// The saga's phases take the workflow's context: each backend runs them as it runs best, with the same steps,
 /// outputs and rows on every backend. Functions taking a connection run inside a step's transaction.
-pub trait PaymentStore: Store + crate::events::EventStore + ChannelWordStore {
+pub trait PaymentStore: Store + RefundStore + crate::events::EventStore + ChannelWordStore {
     /// Applies the engine's migrations, then the payment tables' (this crate's `migrations/<backend>/`).
     fn migrate_payments(&self) -> impl Future<Output = Result<(), onceflow_engine::Error>> + Send;
 

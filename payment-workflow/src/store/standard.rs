@@ -70,7 +70,7 @@ fn token_sql(kind: TokenKind) -> (&'static str, &'static str) {
 
 impl<S> PaymentStore for S
 where
-    S: StandardSql + crate::events::EventStore,
+    S: StandardSql + crate::events::EventStore + super::RefundStore,
     for<'c> &'c mut <S::Db as Database>::Connection: Executor<'c, Database = S::Db>,
     <S::Db as Database>::Arguments: IntoArguments<S::Db>,
     for<'q> String: Encode<'q, S::Db> + Type<S::Db>,

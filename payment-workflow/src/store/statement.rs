@@ -45,7 +45,9 @@ pub(super) async fn run_confirm<S: Store>(
 }
 
 /// A statement phase step's output as its type.
-fn decode<T: serde::de::DeserializeOwned>(output: Option<&Option<serde_json::Value>>) -> Result<T, Interrupt> {
+pub(super) fn decode<T: serde::de::DeserializeOwned>(
+    output: Option<&Option<serde_json::Value>>,
+) -> Result<T, Interrupt> {
     let value = output.and_then(Option::as_ref).unwrap_or(&serde_json::Value::Null);
     T::deserialize(value).map_err(|e| Interrupt::Engine(e.into()))
 }

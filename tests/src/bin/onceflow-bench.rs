@@ -10,6 +10,8 @@
 //! SQLite (with its peak RSS), and on each 1,000 concurrent requests with one token. With `MYSQL_URL=mysql://…` set (a user who may
 //! `CREATE DATABASE`), the library and HTTP scenarios also run on MySQL / MariaDB. `mq/postgres`: payment
 //! commands through `onceflow consume` on a RabbitMQ broker (`AMQP_URL`, default the local guest one).
+//! `refunds/postgres`: refunds through the service as a library, each refunding a paid payment whole, beside
+//! `library/postgres`'s payments of the same run (`--only library/postgres,refunds/postgres`).
 
 use onceflow_engine::{MySqlStore, SqliteStore};
 use onceflow_payments::PaymentStore;
@@ -25,6 +27,8 @@ mod measure;
 mod mq;
 #[path = "onceflow-bench/options.rs"]
 mod options;
+#[path = "onceflow-bench/refunds.rs"]
+mod refunds;
 #[path = "onceflow-bench/report.rs"]
 mod report;
 #[path = "onceflow-bench/retention.rs"]
@@ -60,6 +64,10 @@ async fn main() -> anyhow::Result<()> {
             let floor = pgbench(&base, "floor_pay.pgbench", o.concurrency, per_client)?;
             paired.push(library::postgres(&base, pool_size, &o).await?.rate() / floor);
         }
+    }
+
+    if o.wants("refunds/postgres") {
+        runs.push(refunds::postgres(&base, pool_size, &o).await?);
     }
 
     let mut stormed = Vec::new();

@@ -10,6 +10,7 @@ use crate::model::{
     Order, OrderNo, OrderStatus, PaymentRecord, PaymentStatus, RequestNo, StoredResponse, Token, TokenRecord,
 };
 
+mod refunds;
 mod steps;
 
 /// `Ok(false)` for a duplicate key, `Ok(true)` for an insert.

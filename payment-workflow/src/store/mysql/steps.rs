@@ -86,7 +86,7 @@ pub(super) async fn confirm(
 }
 
 /// Token `issued → in_use`, bound to `fingerprint` and `route`, if it is the tenant's, unused and unexpired.
-async fn claim_token(
+pub(super) async fn claim_token(
     conn: &mut MySqlConnection,
     token: Token,
     tenant: String,

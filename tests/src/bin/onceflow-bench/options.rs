@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+#[derive(Clone)]
 pub(crate) struct Options {
     pub(crate) concurrency: u64,
     pub(crate) count: u64,
@@ -68,7 +69,7 @@ pub(crate) fn parse() -> anyhow::Result<Options> {
             ("--help" | "-h", _) => {
                 println!(
                     "onceflow-bench [--concurrency 16] [--count 8000] [--duration-secs 60] [--storm 1000] \
-                     [--only library|http|mq|http/postgres,mq/postgres|…] [--pool CONNECTIONS] [--rounds 1] \
+                     [--only library|http|mq|refunds|http/postgres,mq/postgres|…] [--pool CONNECTIONS] [--rounds 1] \
                      [--gc-every 10s [--history-retention 0s] [--vacuum]]"
                 );
                 std::process::exit(0);
