@@ -248,6 +248,10 @@ pub enum EventsCommand {
         /// The database.
         #[command(flatten)]
         database: DatabaseArgs,
+        /// The event settings: the redelivery keeps `--webhook-retry-schedule` as its own schedule (give the
+        /// serving processes' flags).
+        #[command(flatten)]
+        events: EventArgs,
         /// Only to this endpoint (we_…); else to every endpoint subscribed to the event.
         #[arg(long, env = "ONCEFLOW_ENDPOINT")]
         endpoint: Option<String>,

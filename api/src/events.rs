@@ -1,6 +1,7 @@
-//! `onceflow events list [--tenant T] [--after C]` and `onceflow events redeliver <id> [--endpoint we_…]`: the
-//! event log and a redelivery from a terminal, with what `GET /v1/events` and `POST /v1/events/{id}/redeliver`
-//! give an operator.
+//! `onceflow events list [--tenant T] [--after C]` and `onceflow events redeliver <id> [--endpoint we_…]
+//! [--webhook-retry-schedule …]`: the event log and a redelivery from a terminal, with what `GET /v1/events` and
+//! `POST /v1/events/{id}/redeliver` give an operator. A redelivery stores its schedule with it, so the command
+//! takes the serving processes' event flags.
 
 use std::sync::Arc;
 
@@ -48,6 +49,10 @@ impl OnPayments for Events {
     type Output = anyhow::Result<()>;
 
     async fn run<S: PaymentStore>(self, payments: Payments<S>) -> Self::Output {
+        let payments = match &self.0 {
+            EventsCommand::Redeliver { events, .. } => payments.with_events(events.settings()),
+            EventsCommand::List { .. } => payments,
+        };
         let events = payments.events();
         match self.0 {
             EventsCommand::List { tenant, after, limit, .. } => {

@@ -67,6 +67,12 @@ fn describe() {
         "Age of the oldest pending webhook delivery (0 when there is none)"
     );
     ::metrics::describe_gauge!(
+        "onceflow_event_dispatch_lag_seconds",
+        ::metrics::Unit::Seconds,
+        "Age of the oldest event not yet dispatched to webhooks, committed or held back by an older transaction \
+         (0 when there is none), as this process last measured (every 5 s)"
+    );
+    ::metrics::describe_gauge!(
         "onceflow_gc_last_run_timestamp_seconds",
         ::metrics::Unit::Seconds,
         "When this process last finished a retention pass (Unix time; passes run in one process at a time)"

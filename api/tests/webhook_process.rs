@@ -32,6 +32,11 @@ impl Drop for Serve {
 /// Starts `onceflow serve` on `url` with a local receiver allowed, short retries and a 2 s timeout (so an
 /// attempt's lease is 7 s), and waits for `/healthz`.
 async fn serve(url: &str) -> Serve {
+    serve_to(url, Stdio::inherit()).await
+}
+
+/// [`serve`], its log written to `stderr`.
+async fn serve_to(url: &str, stderr: impl Into<Stdio>) -> Serve {
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let base = format!("http://127.0.0.1:{port}");
     let child = Command::new(ONCEFLOW)
@@ -41,7 +46,7 @@ async fn serve(url: &str) -> Serve {
         .args(["--webhook-retry-schedule", "200ms,200ms,200ms", "--webhook-timeout", "2s"])
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
+        .stderr(stderr)
         .spawn()
         .expect("start onceflow serve");
     let mut serve = Serve { child, base };
@@ -215,4 +220,63 @@ async fn the_terminal_lists_the_log_from_a_cursor_and_redelivers() {
     assert!(out.contains("(0 deliveries made)"), "no endpoint yet: {out}");
     let (code, _) = onceflow(&["events", "redeliver", "--database-url", &url, "evt_nope"]);
     assert_eq!(code, Some(1), "an unknown event");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_terminal_redelivers_on_the_schedule_it_is_given() {
+    let url = common::database("sqlite").await.unwrap();
+    let receiver = Receiver::start(|_, n| if n == 0 { Reply::Status(500) } else { Reply::Status(200) }).await;
+    // Written before the endpoint exists: only the redelivery sends it.
+    let e = event("default", "R-cli");
+    let id = e.id();
+    write(&url, vec![e]).await;
+    let serve = serve(&url).await;
+    register(&serve.base, &receiver.url).await;
+    let (code, out) = onceflow(&["events", "redeliver", "--database-url", &url, "--webhook-retry-schedule", "3s", &id]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains("(1 deliveries made)"), "{out}");
+    let hits = receiver.wait_for(Duration::from_secs(20), "the retry", |h| h.len() == 2).await;
+    // The redelivery's stored schedule is the command's (3 s), not the serving process's (200 ms).
+    let waited = hits[1].at - hits[0].at;
+    assert!(waited >= Duration::from_millis(2700), "{waited:?}");
+}
+
+#[cfg_attr(onceflow_no_postgres, ignore = "DATABASE_URL is not set")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_transaction_holding_the_log_back_is_measured_and_named() {
+    use sqlx::Connection;
+    let Some(url) = common::database("postgres").await else { return };
+    let receiver = Receiver::start(|_, _| Reply::Status(200)).await;
+    let log = std::env::temp_dir().join(format!("onceflow-held-{}.log", uuid::Uuid::new_v4()));
+    let serve = serve_to(&url, std::fs::File::create(&log).unwrap()).await;
+    register(&serve.base, &receiver.url).await;
+    // A session of this database takes a transaction id and idles: nothing committed after it may show yet.
+    let mut idle = sqlx::PgConnection::connect(&url).await.unwrap();
+    let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()").fetch_one(&mut idle).await.unwrap();
+    sqlx::query("BEGIN").execute(&mut idle).await.unwrap();
+    sqlx::query("SELECT pg_current_xact_id()").execute(&mut idle).await.unwrap();
+    let e = event("default", "R-held");
+    write(&url, vec![e.clone()]).await;
+    let started = Instant::now();
+    let (lag, warned) = loop {
+        let metrics = reqwest::get(format!("{}/metrics", serve.base)).await.unwrap().text().await.unwrap();
+        let lag: f64 = metrics
+            .lines()
+            .find_map(|l| l.strip_prefix("onceflow_event_dispatch_lag_seconds "))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0.0);
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let warned = text.lines().find(|l| l.contains(&format!("pid={pid}"))).map(str::to_owned);
+        if let Some(warned) = warned.filter(|_| lag >= 5.0) {
+            break (lag, warned);
+        }
+        assert!(started.elapsed() < Duration::from_secs(40), "lag {lag}, log: {text}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    eprintln!("lag {lag} s; {warned}");
+    assert!(warned.contains("xact_start"), "{warned}");
+    assert!(receiver.hits().is_empty(), "nothing is delivered while the log is held");
+    sqlx::query("ROLLBACK").execute(&mut idle).await.unwrap();
+    receiver.wait_for(Duration::from_secs(20), "the event once the session ended", |h| h.len() == 1).await;
+    let _ = std::fs::remove_file(&log);
 }

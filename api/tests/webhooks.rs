@@ -224,7 +224,8 @@ async fn a_dead_endpoint_does_not_slow_a_healthy_one(url: &str) {
     eprintln!(
         "healthy endpoint: p50 {p50_alone:?} / max {max_alone:?} alone, p50 {p50_beside:?} / max {max_beside:?} beside a dead one ({dead_hits} requests hanging there)"
     );
-    assert!(dead_hits >= 4, "the dead endpoint held its slots: {dead_hits}");
+    // Never answered, it is held to its own lane: one attempt at a time.
+    assert!(dead_hits >= 1, "the dead endpoint held its lane: {dead_hits}");
     assert!(p50_beside <= p50_alone * 2 + Duration::from_millis(150), "{p50_beside:?} against {p50_alone:?}");
     assert!(max_beside < Duration::from_secs(2), "no healthy delivery waited for the dead one: {max_beside:?}");
 }

@@ -11,7 +11,7 @@ use onceflow_engine::{
     BoxFuture, Engine, Failure, Interrupt, MySqlStore, Outcome, PgStore, SqliteStore, StepError, Workflow,
     WorkflowContext,
 };
-use onceflow_payments::events::{Position, outbox};
+use onceflow_payments::events::{Endpoint, EndpointChange, NewDelivery, Position, outbox};
 use onceflow_payments::{EventStore as _, EventType, NewEvent, PaymentStore, PhaseDialect};
 use onceflow_tests::TestDb;
 use serde::{Deserialize, Serialize};
@@ -66,7 +66,7 @@ impl<S: EventsDb> Workflow<S> for Outcomes {
         if plan.phase {
             let d = S::DIALECT.expect("statement phases on this backend");
             let mut args = vec![SqlArg::Int(i64::from(plan.commit))];
-            let parts = outbox::phase_write(d, &event, "TRUE", &mut args);
+            let parts = d.write("p_event", &outbox::phase_insert(&event, "TRUE", &mut args));
             let wrote = d.wrote("p_event");
             let steps = vec![PhaseStep::new("outcome", format!("CASE WHEN {wrote} THEN 'true' ELSE 'false' END"))];
             let phase = StatementPhase::new(parts, args, steps).guard("$1 = 1", Failure::new("undone", "the guard"));
@@ -92,7 +92,7 @@ impl<S: EventsDb> Workflow<S> for Outcomes {
 async fn ids<S: EventsDb>(store: &S) -> Vec<String> {
     store.sequence().await.unwrap();
     let all = store.events_after(None, &Position::start(), &[], 1000).await.unwrap();
-    all.into_iter().map(|e| e.id).collect()
+    all.events.into_iter().map(|e| e.id).collect()
 }
 
 async fn run<S: EventsDb>(engine: &Engine<S>, id: &str, plan: Plan) -> Option<Outcome> {
@@ -100,6 +100,7 @@ async fn run<S: EventsDb>(engine: &Engine<S>, id: &str, plan: Plan) -> Option<Ou
 }
 
 onceflow_tests::on_every_backend!(
+    a_delivery_is_made_only_while_its_event_and_an_enabled_endpoint_exist,
     an_event_commits_with_its_closure_step_or_not_at_all,
     an_event_is_written_once_per_outcome_in_a_transaction,
     the_log_never_skips_an_event_committed_after_a_later_one,
@@ -167,7 +168,7 @@ async fn the_log_never_skips_an_event_committed_after_a_later_one<S: EventsDb>(s
         let store = store.clone();
         async move {
             store.sequence().await.unwrap();
-            store.events_after(Some("acme"), &after, &[], 100).await.unwrap()
+            store.events_after(Some("acme"), &after, &[], 100).await.unwrap().events
         }
     };
     if store.backend() == "sqlite" {
@@ -229,7 +230,7 @@ async fn the_log_does_not_wait_for_another_databases_transactions() {
     PgStore::write_event(&mut tx, &event("R-now")).await.unwrap();
     tx.commit().await.unwrap();
     let started = std::time::Instant::now();
-    let shown = store.events_after(Some("acme"), &Position::start(), &[], 10).await.unwrap();
+    let shown = store.events_after(Some("acme"), &Position::start(), &[], 10).await.unwrap().events;
     other.rollback().await.unwrap();
     assert_eq!(
         shown.iter().map(|e| e.id.clone()).collect::<Vec<_>>(),
@@ -244,7 +245,66 @@ async fn the_log_does_not_wait_for_another_databases_transactions() {
     PgStore::write_event(&mut tx, &event("R-later")).await.unwrap();
     tx.commit().await.unwrap();
     let after = Position { major: shown[0].position, id: shown[0].id.clone() };
-    assert!(store.events_after(Some("acme"), &after, &[], 10).await.unwrap().is_empty());
+    assert!(store.events_after(Some("acme"), &after, &[], 10).await.unwrap().events.is_empty());
     mine.rollback().await.unwrap();
-    assert_eq!(store.events_after(Some("acme"), &after, &[], 10).await.unwrap().len(), 1);
+    assert_eq!(store.events_after(Some("acme"), &after, &[], 10).await.unwrap().events.len(), 1);
+}
+
+/// An enabled endpoint of `acme` created at `created_at`.
+fn endpoint(id: &str, created_at: i64) -> Endpoint {
+    Endpoint {
+        id: id.to_owned(),
+        tenant: "acme".to_owned(),
+        url: "https://hooks.example/".to_owned(),
+        events: None,
+        secret: onceflow_payments::events::signing::new_secret(),
+        previous_secret: None,
+        previous_until: None,
+        enabled: true,
+        disabled_reason: None,
+        created_at,
+        updated_at: created_at,
+    }
+}
+
+/// The interleavings of a redelivery (it reads the event, then makes its delivery) and of the dispatcher (it
+/// reads the endpoints, then makes deliveries) with what removes their rows meanwhile — retention deleting the
+/// event, a tenant deleting or disabling the endpoint — played in order: the late insert makes nothing, so no
+/// delivery is left pending without its event or its endpoint.
+async fn a_delivery_is_made_only_while_its_event_and_an_enabled_endpoint_exist<S: EventsDb>(store: S) {
+    let now = i64::try_from(std::time::UNIX_EPOCH.elapsed().unwrap().as_millis()).unwrap();
+    let (live, gone, off) = (endpoint("we_LIVE", now), endpoint("we_GONE", now), endpoint("we_OFF", now));
+    for e in [&live, &gone, &off] {
+        store.insert_endpoint(e).await.unwrap();
+    }
+    // Two events older than the endpoints (dispatched to none of them) and than any retention.
+    let (old, kept) =
+        (NewEvent { created_at: 1_000, ..event("R-old") }, NewEvent { created_at: 1_000, ..event("R-kept") });
+    let mut tx = store.begin().await.unwrap();
+    S::write_event(&mut tx, &old).await.unwrap();
+    S::write_event(&mut tx, &kept).await.unwrap();
+    tx.commit().await.unwrap();
+    let started = std::time::Instant::now();
+    while store.dispatch(500, now, "100").await.unwrap() == 0 {
+        assert!(started.elapsed() < WAIT, "the dispatcher never passed the events");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let to =
+        |event: &NewEvent, endpoint: &Endpoint| NewDelivery::redelivery(&event.id(), &endpoint.id, "acme", now, "100");
+    // A redelivery read the event; retention deleted it; then the redelivery's insert comes.
+    assert!(store.event(&old.id()).await.unwrap().is_some());
+    let made = |m: Vec<bool>| m.into_iter().filter(|m| *m).count();
+    assert_eq!(made(store.insert_deliveries(&[to(&kept, &live)]).await.unwrap()), 1);
+    let mut from = Position::start();
+    let batch = store.delete_events(&mut from, now, 500, false).await.unwrap();
+    assert_eq!(batch.deleted, 1, "the old event goes, the one with a delivery pending stays");
+    assert_eq!(made(store.insert_deliveries(&[to(&old, &live)]).await.unwrap()), 0, "a delivery of a deleted event");
+    // The dispatcher read the endpoints; one was deleted, one disabled; then its inserts come.
+    assert!(store.delete_endpoint(&gone.id, now).await.unwrap());
+    let disable = EndpointChange { enabled: Some(false), ..EndpointChange::default() };
+    assert!(store.update_endpoint(&off.id, &disable, now).await.unwrap().is_some_and(|e| !e.enabled));
+    assert_eq!(made(store.insert_deliveries(&[to(&kept, &gone)]).await.unwrap()), 0, "to a deleted endpoint");
+    assert_eq!(made(store.insert_deliveries(&[to(&kept, &off)]).await.unwrap()), 0, "to a disabled endpoint");
+    assert_eq!(made(store.insert_deliveries(&[to(&kept, &live)]).await.unwrap()), 1, "while both exist: made");
+    assert!(store.deliveries_of(&old.id()).await.unwrap().is_empty());
 }

@@ -41,7 +41,7 @@ impl From<&Event> for EventBody {
             kind: e.kind,
             created_at: rfc3339(e.created_at),
             tenant: e.tenant.clone(),
-            data: serde_json::from_str(&e.data).unwrap_or_else(|_| serde_json::json!({})),
+            data: e.data(),
         }
     }
 }
@@ -157,12 +157,17 @@ pub struct LogQuery {
     #[serde(rename = "type")]
     pub kind: Option<String>,
     /// An operator key: only this tenant's (a tenant key: its own, the only one it may name).
+    #[param(pattern = r"^[^\u0000]*$")]
     pub tenant: Option<String>,
 }
 
 /// The tenant whose rows `caller` reads, with `?tenant=` (`named`): a tenant key its own only; an operator (and
-/// the zero-configuration mode) the one it names, or every tenant.
+/// the zero-configuration mode) the one it names, or every tenant. A NUL byte names no tenant a key can have
+/// (and no database stores it): a client's mistake.
 pub(crate) fn scope(caller: &Caller, named: Option<String>) -> Result<Option<String>, ApiError> {
+    if named.as_deref().is_some_and(|t| t.contains('\0')) {
+        return Err(ApiError::invalid("tenant must not contain a NUL byte"));
+    }
     match caller {
         Caller::Tenant(own) => match named {
             Some(other) if other != *own => Err(ApiError::forbidden("a tenant key reads its own tenant's only")),
@@ -219,7 +224,7 @@ pub async fn list_events<S: PaymentStore>(
 
 /// One event with its deliveries (another tenant's is `404`, as one that does not exist).
 #[utoipa::path(get, path = "/v1/events/{event_id}", tag = "events",
-    params(("event_id" = String, Path, description = "The event (evt_…)")),
+    params(("event_id" = String, Path, description = "The event (evt_…)", pattern = r"^evt_[0-9A-HJKMNP-TV-Z]{26}$")),
     responses(
         (status = 200, description = "The event and its deliveries", body = EventDetail),
         (status = 404, description = "event_not_found", body = crate::error::Problem),
@@ -238,7 +243,7 @@ pub async fn get_event<S: PaymentStore>(
 /// Sends an event again now, with the same id: to `{"endpoint": "we_…"}`, or (no body) to every enabled
 /// endpoint subscribed to its type.
 #[utoipa::path(post, path = "/v1/events/{event_id}/redeliver", tag = "events",
-    params(("event_id" = String, Path, description = "The event (evt_…)")),
+    params(("event_id" = String, Path, description = "The event (evt_…)", pattern = r"^evt_[0-9A-HJKMNP-TV-Z]{26}$")),
     request_body(content = Redeliver, description = "Optional: one endpoint", content_type = "application/json"),
     responses(
         (status = 202, description = "Deliveries made, due now", body = Redelivered),

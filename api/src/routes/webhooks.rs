@@ -132,6 +132,7 @@ pub struct EndpointList {
 #[into_params(parameter_in = Query)]
 pub struct EndpointsQuery {
     /// An operator key: only this tenant's (a tenant key: its own, the only one it may name).
+    #[param(pattern = r"^[^\u0000]*$")]
     pub tenant: Option<String>,
 }
 
@@ -262,7 +263,7 @@ pub async fn list_endpoints<S: PaymentStore>(
 
 /// One endpoint.
 #[utoipa::path(get, path = "/v1/webhook-endpoints/{endpoint_id}", tag = "webhooks",
-    params(("endpoint_id" = String, Path, description = "The endpoint (we_…)")),
+    params(("endpoint_id" = String, Path, description = "The endpoint (we_…)", pattern = r"^we_[0-9A-HJKMNP-TV-Z]{26}$")),
     responses(
         (status = 200, description = "The endpoint", body = EndpointBody),
         (status = 404, description = "endpoint_not_found", body = crate::error::Problem),
@@ -278,7 +279,7 @@ pub async fn get_endpoint<S: PaymentStore>(
 
 /// Changes an endpoint: its URL (checked as at registration), its subscriptions, whether it is enabled.
 #[utoipa::path(patch, path = "/v1/webhook-endpoints/{endpoint_id}", request_body = PatchEndpoint, tag = "webhooks",
-    params(("endpoint_id" = String, Path, description = "The endpoint (we_…)")),
+    params(("endpoint_id" = String, Path, description = "The endpoint (we_…)", pattern = r"^we_[0-9A-HJKMNP-TV-Z]{26}$")),
     responses(
         (status = 200, description = "Changed", body = EndpointBody),
         (status = 403, description = "forbidden: an operator key", body = crate::error::Problem),
@@ -301,7 +302,7 @@ pub async fn update_endpoint<S: PaymentStore>(
 
 /// Deletes an endpoint; its pending deliveries fail.
 #[utoipa::path(delete, path = "/v1/webhook-endpoints/{endpoint_id}", tag = "webhooks",
-    params(("endpoint_id" = String, Path, description = "The endpoint (we_…)")),
+    params(("endpoint_id" = String, Path, description = "The endpoint (we_…)", pattern = r"^we_[0-9A-HJKMNP-TV-Z]{26}$")),
     responses(
         (status = 204, description = "Deleted"),
         (status = 403, description = "forbidden: an operator key", body = crate::error::Problem),
@@ -319,7 +320,7 @@ pub async fn delete_endpoint<S: PaymentStore>(
 /// Gives an endpoint a new secret, shown this once; the old one keeps signing beside it for 24 h (each delivery
 /// then carries both signatures).
 #[utoipa::path(post, path = "/v1/webhook-endpoints/{endpoint_id}/rotate-secret", tag = "webhooks",
-    params(("endpoint_id" = String, Path, description = "The endpoint (we_…)")),
+    params(("endpoint_id" = String, Path, description = "The endpoint (we_…)", pattern = r"^we_[0-9A-HJKMNP-TV-Z]{26}$")),
     responses(
         (status = 200, description = "The endpoint with its new secret", body = EndpointWithSecret),
         (status = 403, description = "forbidden: an operator key", body = crate::error::Problem),
@@ -336,7 +337,7 @@ pub async fn rotate_secret<S: PaymentStore>(
 
 /// Every attempt made to an endpoint (time, status code, latency, error, next attempt), newest first.
 #[utoipa::path(get, path = "/v1/webhook-endpoints/{endpoint_id}/deliveries", tag = "webhooks",
-    params(("endpoint_id" = String, Path, description = "The endpoint (we_…)"), AttemptsQuery),
+    params(("endpoint_id" = String, Path, description = "The endpoint (we_…)", pattern = r"^we_[0-9A-HJKMNP-TV-Z]{26}$"), AttemptsQuery),
     responses(
         (status = 200, description = "A page of attempts, newest first", body = AttemptPage),
         (status = 400, description = "invalid_request: a cursor this API did not give, a limit out of range", body = crate::error::Problem),

@@ -20,6 +20,8 @@ use super::App;
 pub enum Ask {
     /// Write this event through the outbox, in a transaction of its own; answered once committed.
     Write(NewEvent, oneshot::Sender<()>),
+    /// Write these events in one transaction; answered once committed.
+    WriteAll(Vec<NewEvent>, oneshot::Sender<()>),
     /// Run one retention pass now; answered with the events it deleted.
     Retention(oneshot::Sender<u64>),
 }
@@ -28,6 +30,8 @@ pub enum Ask {
 pub struct Hooked {
     pub app: App,
     pub asks: mpsc::UnboundedSender<Ask>,
+    /// Its database.
+    pub url: String,
 }
 
 impl Hooked {
@@ -38,20 +42,48 @@ impl Hooked {
         rx.await.unwrap();
     }
 
+    /// Writes `events` in one transaction (committed when this returns).
+    pub async fn write_all(&self, events: Vec<NewEvent>) {
+        let (tx, rx) = oneshot::channel();
+        self.asks.send(Ask::WriteAll(events, tx)).unwrap();
+        rx.await.unwrap();
+    }
+
     /// One retention pass: the events it deleted.
     pub async fn retention(&self) -> u64 {
         let (tx, rx) = oneshot::channel();
         self.asks.send(Ask::Retention(tx)).unwrap();
         rx.await.unwrap()
     }
+
+    /// The API as the holder of `key`.
+    pub fn as_key(&self, key: &str) -> App {
+        App { base: self.app.base.clone(), client: reqwest::Client::new(), key: Some(key.to_owned()) }
+    }
 }
 
-struct Start(Auth, EventSettings);
+/// A clock `offset_ms` away from the system's (a process whose clock is wrong).
+struct Skewed(i64);
+
+impl onceflow_engine::clock::Clock for Skewed {
+    fn now_ms(&self) -> i64 {
+        chrono::Utc::now().timestamp_millis() + self.0
+    }
+}
+
+struct Start(Auth, EventSettings, i64);
 
 impl OnPayments for Start {
     type Output = (axum::Router, mpsc::UnboundedSender<Ask>);
 
     async fn run<S: PaymentStore>(self, payments: Payments<S>) -> Self::Output {
+        let payments = if self.2 == 0 {
+            payments
+        } else {
+            let channel = Arc::new(MockChannel::reliable());
+            let store = payments.engine().store().clone();
+            Payments::with_clock(store, channel, EngineConfig::default(), Skewed(self.2))
+        };
         let payments = payments.with_events(self.1);
         payments.engine().spawn_background();
         payments.events().spawn();
@@ -63,6 +95,14 @@ impl OnPayments for Start {
                     Ask::Write(event, done) => {
                         let mut t = p.engine().store().begin().await.unwrap();
                         <S as EventStore>::write_event(&mut t, &event).await.unwrap();
+                        t.commit().await.unwrap();
+                        let _ = done.send(());
+                    }
+                    Ask::WriteAll(events, done) => {
+                        let mut t = p.engine().store().begin().await.unwrap();
+                        for event in &events {
+                            <S as EventStore>::write_event(&mut t, event).await.unwrap();
+                        }
                         t.commit().await.unwrap();
                         let _ = done.send(());
                     }
@@ -80,13 +120,54 @@ impl OnPayments for Start {
 
 /// The application on `url` with `settings`, its deliveries running.
 pub async fn start(url: &str, auth: Auth, settings: EventSettings) -> Hooked {
+    start_skewed(url, auth, settings, 0).await
+}
+
+/// [`start`] with the process's clock `offset_ms` away from the system's.
+pub async fn start_skewed(url: &str, auth: Auth, settings: EventSettings, offset_ms: i64) -> Hooked {
     let channel = Arc::new(MockChannel::reliable());
-    let (router, asks) =
-        with_payments(url, channel, EngineConfig::default(), 16, Start(auth, settings)).await.expect("database");
+    let (router, asks) = with_payments(url, channel, EngineConfig::default(), 16, Start(auth, settings, offset_ms))
+        .await
+        .expect("database");
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(axum::serve(listener, router).into_future());
-    Hooked { app: App { base, client: reqwest::Client::new(), key: None }, asks }
+    Hooked { app: App { base, client: reqwest::Client::new(), key: None }, asks, url: url.to_owned() }
+}
+
+/// Runs `statement` on the database at `url` from a connection of the test's own (what the application could
+/// not be made to do through its API); the rows it changed.
+pub async fn sql(url: &str, statement: &str) -> u64 {
+    use sqlx::Connection;
+    let statement = sqlx::AssertSqlSafe(statement.to_owned());
+    if url.starts_with("postgres") {
+        let mut c = sqlx::PgConnection::connect(url).await.unwrap();
+        sqlx::query(statement).execute(&mut c).await.unwrap().rows_affected()
+    } else if url.starts_with("mysql") {
+        let mut c = sqlx::MySqlConnection::connect(url).await.unwrap();
+        sqlx::query(statement).execute(&mut c).await.unwrap().rows_affected()
+    } else {
+        let mut c = sqlx::SqliteConnection::connect(url).await.unwrap();
+        sqlx::query("PRAGMA busy_timeout = 10000").execute(&mut c).await.unwrap();
+        sqlx::query(statement).execute(&mut c).await.unwrap().rows_affected()
+    }
+}
+
+/// The count `query` (`SELECT count(*) …`) answers on the database at `url`.
+pub async fn count(url: &str, query: &str) -> i64 {
+    use sqlx::Connection;
+    let query = sqlx::AssertSqlSafe(query.to_owned());
+    if url.starts_with("postgres") {
+        let mut c = sqlx::PgConnection::connect(url).await.unwrap();
+        sqlx::query_scalar(query).fetch_one(&mut c).await.unwrap()
+    } else if url.starts_with("mysql") {
+        let mut c = sqlx::MySqlConnection::connect(url).await.unwrap();
+        sqlx::query_scalar(query).fetch_one(&mut c).await.unwrap()
+    } else {
+        let mut c = sqlx::SqliteConnection::connect(url).await.unwrap();
+        sqlx::query("PRAGMA busy_timeout = 10000").execute(&mut c).await.unwrap();
+        sqlx::query_scalar(query).fetch_one(&mut c).await.unwrap()
+    }
 }
 
 /// Settings for a local receiver: plain http to loopback allowed, short waits.

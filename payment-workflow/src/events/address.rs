@@ -27,12 +27,15 @@ pub enum Refusal {
     /// It carries a user name or password.
     #[error("the url must not carry credentials (user:password@)")]
     Credentials,
-    /// An address in a range webhooks may not reach.
-    #[error("the url's host {host} is {range} ({address}); {range} addresses need --webhook-allow-private")]
+    /// An address in a range webhooks may not reach. The text names the range, not the address: for a name,
+    /// where it resolves inside someone's network is not the client's to learn.
+    #[error(
+        "the url's host {host} is or resolves to a {range} address; {range} addresses need --webhook-allow-private"
+    )]
     Address {
         /// The host as written.
         host: String,
-        /// The address it is or resolves to.
+        /// The address it is or resolves to (for the server's own use; never shown).
         address: IpAddr,
         /// `loopback`, `private`, `link-local`, `multicast`, `unspecified` or `reserved`.
         range: &'static str,
@@ -74,8 +77,10 @@ fn v4_range(ip: Ipv4Addr) -> Option<&'static str> {
         (100, b) if (64..128).contains(&b) => "private",
         (169, 254) => "link-local",
         _ if ip.is_multicast() => "multicast",
-        // IETF protocol assignments, documentation, benchmarking, 240/4 and the broadcast address.
+        // IETF protocol assignments, documentation, the 6to4 relay anycast, benchmarking, 240/4 and the
+        // broadcast address.
         (192, 0) if c == 0 || c == 2 => "reserved",
+        (192, 88) if c == 99 => "reserved",
         (198, 18 | 19) | (198, 51) | (203, 0) => {
             if (a, b) == (198, 51) && c != 100 || (a, b) == (203, 0) && c != 113 {
                 return None;
@@ -87,14 +92,25 @@ fn v4_range(ip: Ipv4Addr) -> Option<&'static str> {
     })
 }
 
+/// The IPv4 address in the 32 bits of `s` from segment `at`.
+fn embedded(s: &[u16; 8], at: usize) -> Ipv4Addr {
+    let [a, b] = s[at].to_be_bytes();
+    let [c, d] = s[at + 1].to_be_bytes();
+    Ipv4Addr::new(a, b, c, d)
+}
+
 fn v6_range(ip: Ipv6Addr) -> Option<&'static str> {
     if let Some(v4) = ip.to_ipv4_mapped() {
         return v4_range(v4);
     }
     let s = ip.segments();
-    // NAT64 (64:ff9b::/96) reaches the IPv4 address in its last 32 bits.
+    // NAT64 (64:ff9b::/96) reaches the IPv4 address in its last 32 bits; 6to4 (2002::/16) the one in its
+    // second and third segments: each is what its IPv4 address is.
     if s[..6] == [0x64, 0xff9b, 0, 0, 0, 0] {
-        return v4_range(Ipv4Addr::new((s[6] >> 8) as u8, s[6] as u8, (s[7] >> 8) as u8, s[7] as u8));
+        return v4_range(embedded(&s, 6));
+    }
+    if s[0] == 0x2002 {
+        return v4_range(embedded(&s, 1));
     }
     Some(match s[0] {
         _ if ip.is_loopback() => "loopback",
@@ -103,9 +119,18 @@ fn v6_range(ip: Ipv6Addr) -> Option<&'static str> {
         x if x & 0xffc0 == 0xfec0 => "private",
         x if x & 0xffc0 == 0xfe80 => "link-local",
         x if x & 0xff00 == 0xff00 => "multicast",
-        0x2001 if s[1] == 0x0db8 => "reserved",
+        // NAT64 for local use (64:ff9b:1::/48): translates into a network's own IPv4 addresses.
+        0x64 if s[1] == 0xff9b && s[2] == 1 => "reserved",
+        // Discard-only (100::/64).
+        0x100 if s[1..4] == [0, 0, 0] => "reserved",
+        // IETF protocol assignments (2001::/23: Teredo, whose server and client addresses are not the
+        // destination's, benchmarking, ORCHID) and documentation (2001:db8::/32, 3fff::/20).
+        0x2001 if s[1] < 0x200 || s[1] == 0x0db8 => "reserved",
+        x if x & 0xfff0 == 0x3ff0 => "reserved",
+        // Segment routing SIDs (5f00::/16).
+        0x5f00 => "reserved",
         // ::/96 (the deprecated IPv4-compatible form) and the rest of ::/8.
-        0 => "reserved",
+        x if x & 0xff00 == 0 => "reserved",
         _ => return None,
     })
 }
@@ -265,6 +290,18 @@ mod tests {
             ("fe80::1", Some("link-local")),
             ("ff02::1", Some("multicast")),
             ("2606:4700::1111", None),
+            // IPv6 transition forms that reach an IPv4 address, and ranges not globally reachable.
+            ("64:ff9b:1::a00:1", Some("reserved")),
+            ("64:ff9b::808:808", None),
+            ("2002:a00:1::1", Some("private")),
+            ("2002:7f00:1::1", Some("loopback")),
+            ("2002:5db8:d822::1", None),
+            ("2001::1", Some("reserved")),
+            ("2001:0:4136:e378::1", Some("reserved")),
+            ("100::1", Some("reserved")),
+            ("3fff::1", Some("reserved")),
+            ("5f00::1", Some("reserved")),
+            ("192.88.99.1", Some("reserved")),
         ] {
             assert_eq!(special_range(ip.parse().unwrap()), range, "{ip}");
         }
@@ -289,6 +326,10 @@ mod tests {
         let http = Rules { allow_http: true, allow_private: false };
         let e = http.check("http://169.254.169.254/latest", &table).await.unwrap_err();
         assert!(e.to_string().contains("link-local"), "{e}");
+        // A name's refusal says the range, never the address it resolved to.
+        table.set("inside.example", vec!["10.1.2.3".parse().unwrap()]);
+        let e = strict.check("https://inside.example/", &table).await.unwrap_err();
+        assert!(e.to_string().contains("private") && !e.to_string().contains("10.1.2.3"), "{e}");
         let local = Rules { allow_http: true, allow_private: true };
         assert!(local.check("http://127.0.0.1:9/", &table).await.is_ok());
     }

@@ -121,8 +121,9 @@ pub const EVENT_ID_PATTERN: &str = "^evt_[0-9A-HJKMNP-TV-Z]{26}$";
 /// The pattern of an endpoint id: `we_` and 26 characters of Crockford's base32.
 pub const ENDPOINT_ID_PATTERN: &str = "^we_[0-9A-HJKMNP-TV-Z]{26}$";
 
-/// Whether `id` has the shape `prefix` + 26 characters of Crockford's base32 (what this service gives).
-pub(crate) fn well_formed(id: &str, prefix: &str) -> bool {
+/// Whether `id` has the shape `prefix` + 26 characters of Crockford's base32 (what this service gives): an id of
+/// another shape names nothing, and is never sent to a database (a NUL byte is an error on Postgres).
+pub fn well_formed(id: &str, prefix: &str) -> bool {
     id.strip_prefix(prefix).is_some_and(|rest| {
         rest.len() == 26
             && rest.bytes().all(|b| b.is_ascii_digit() || (b.is_ascii_uppercase() && !b"ILOU".contains(&b)))
@@ -231,15 +232,20 @@ impl Event {
         Position { major: self.position, id: self.id.clone() }
     }
 
+    /// Its data as JSON: the object the outbox wrote (an empty object for data that does not parse, which no
+    /// writer of this service makes: the log and the deliveries show the same then).
+    pub fn data(&self) -> serde_json::Value {
+        serde_json::from_str(&self.data).unwrap_or_else(|_| serde_json::json!({}))
+    }
+
     /// The event as delivered and listed: `{"id", "type", "created_at", "tenant", "data"}`.
     pub fn body(&self) -> serde_json::Value {
-        let data: serde_json::Value = serde_json::from_str(&self.data).unwrap_or(serde_json::Value::Null);
         serde_json::json!({
             "id": self.id,
             "type": self.kind,
             "created_at": rfc3339(self.created_at),
             "tenant": self.tenant,
-            "data": data,
+            "data": self.data(),
         })
     }
 }
@@ -251,8 +257,8 @@ pub fn rfc3339(ms: i64) -> String {
         .unwrap_or_default()
 }
 
-/// A tenant's webhook endpoint as kept.
-#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+/// A tenant's webhook endpoint as kept. Its `Debug` leaves the secrets out.
+#[derive(Clone, PartialEq, Eq, sqlx::FromRow)]
 pub struct Endpoint {
     /// `we_…`.
     pub id: String,
@@ -291,14 +297,52 @@ impl Endpoint {
 
     /// The secrets that sign a delivery at `now`: the current one, and the previous one during a rotation.
     pub fn signing_secrets(&self, now: i64) -> Vec<&str> {
-        let mut secrets = vec![self.secret.as_str()];
-        if let (Some(previous), Some(until)) = (&self.previous_secret, self.previous_until)
-            && now < until
-        {
-            secrets.push(previous);
-        }
-        secrets
+        signing_secrets(&self.secret, self.previous_secret.as_deref(), self.previous_until, now)
     }
+}
+
+/// The secrets that sign at `now`: `secret`, and `previous` until `until` (a rotation's overlap).
+fn signing_secrets<'a>(secret: &'a str, previous: Option<&'a str>, until: Option<i64>, now: i64) -> Vec<&'a str> {
+    let mut secrets = vec![secret];
+    if let (Some(previous), Some(until)) = (previous, until)
+        && now < until
+    {
+        secrets.push(previous);
+    }
+    secrets
+}
+
+/// What `Debug` shows of a secret: whether there is one.
+const REDACTED: &str = "[redacted]";
+
+impl std::fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Endpoint")
+            .field("id", &self.id)
+            .field("tenant", &self.tenant)
+            .field("url", &self.url)
+            .field("events", &self.events)
+            .field("secret", &REDACTED)
+            .field("previous_secret", &self.previous_secret.as_ref().map(|_| REDACTED))
+            .field("previous_until", &self.previous_until)
+            .field("enabled", &self.enabled)
+            .field("disabled_reason", &self.disabled_reason)
+            .field("created_at", &self.created_at)
+            .field("updated_at", &self.updated_at)
+            .finish()
+    }
+}
+
+/// A change to an endpoint: each field given is written, nothing else (a `PATCH` and a rotation at the same time
+/// each keep what the other wrote; a `PATCH` that does not name `enabled` never enables one a `410` disabled).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EndpointChange {
+    /// A new URL (already checked).
+    pub url: Option<String>,
+    /// New subscriptions as stored: `Some(None)` for every type.
+    pub events: Option<Option<String>>,
+    /// Enabled or disabled; disabling fails the endpoint's pending deliveries.
+    pub enabled: Option<bool>,
 }
 
 /// One event to one endpoint, as kept.
@@ -318,7 +362,7 @@ pub struct Delivery {
     pub attempts: i32,
     /// How many times it was claimed: the fence of the claimer's writes.
     pub claim: i64,
-    /// When it is due (ms); while an attempt is in flight, the end of its lease.
+    /// When it is due (ms, by the database's clock); while an attempt is in flight, the end of its lease.
     pub next_attempt_at: i64,
     /// The waits (ms) between attempts, comma-separated, as when it was created.
     pub schedule: String,
@@ -332,8 +376,8 @@ pub struct Delivery {
     pub updated_at: i64,
 }
 
-/// A delivery to make: the dispatcher's for an event and an endpoint subscribed to it (its id derived from
-/// both, so dispatching an event twice makes one delivery), or a redelivery's (its id drawn).
+/// A delivery to make, due at once: the dispatcher's for an event and an endpoint subscribed to it (its id
+/// derived from both, so dispatching an event twice makes one delivery), or a redelivery's (its id drawn).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NewDelivery {
     /// `whd_…`.
@@ -344,28 +388,28 @@ pub struct NewDelivery {
     pub endpoint_id: String,
     /// Whose.
     pub tenant: String,
-    /// Due (ms).
-    pub due: i64,
+    /// Made (ms, by this process's clock; it is due at once by the database's).
+    pub created_at: i64,
     /// Its schedule (ms, comma-separated).
     pub schedule: String,
 }
 
 impl NewDelivery {
     /// The dispatcher's delivery of `event_id` to `endpoint_id`.
-    pub fn dispatched(event_id: &str, endpoint_id: &str, tenant: &str, due: i64, schedule: &str) -> Self {
+    pub fn dispatched(event_id: &str, endpoint_id: &str, tenant: &str, now: i64, schedule: &str) -> Self {
         Self {
             id: derived_id("whd_", &[event_id, endpoint_id]),
             event_id: event_id.to_owned(),
             endpoint_id: endpoint_id.to_owned(),
             tenant: tenant.to_owned(),
-            due,
+            created_at: now,
             schedule: schedule.to_owned(),
         }
     }
 
     /// A redelivery of `event_id` to `endpoint_id`, asked for now.
-    pub fn redelivery(event_id: &str, endpoint_id: &str, tenant: &str, due: i64, schedule: &str) -> Self {
-        Self { id: random_id("whd_"), ..Self::dispatched(event_id, endpoint_id, tenant, due, schedule) }
+    pub fn redelivery(event_id: &str, endpoint_id: &str, tenant: &str, now: i64, schedule: &str) -> Self {
+        Self { id: random_id("whd_"), ..Self::dispatched(event_id, endpoint_id, tenant, now, schedule) }
     }
 }
 
@@ -398,8 +442,8 @@ pub struct Attempt {
     pub next_attempt_at: Option<i64>,
 }
 
-/// A delivery claimed for one attempt, with what sending it takes.
-#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+/// A delivery claimed for one attempt, with what sending it takes. Its `Debug` leaves the secrets out.
+#[derive(Clone, PartialEq, Eq, sqlx::FromRow)]
 pub struct Claimed {
     /// The delivery, as the claim left it.
     #[sqlx(flatten)]
@@ -422,7 +466,27 @@ pub struct Claimed {
     pub traceparent: Option<String>,
 }
 
+impl std::fmt::Debug for Claimed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Claimed")
+            .field("delivery", &self.delivery)
+            .field("url", &self.url)
+            .field("secret", &REDACTED)
+            .field("previous_secret", &self.previous_secret.as_ref().map(|_| REDACTED))
+            .field("previous_until", &self.previous_until)
+            .field("event_type", &self.event_type)
+            .field("event_created_at", &self.event_created_at)
+            .field("traceparent", &self.traceparent)
+            .finish_non_exhaustive()
+    }
+}
+
 impl Claimed {
+    /// The secrets that sign its attempt at `now` (as [`Endpoint::signing_secrets`]).
+    pub fn signing_secrets(&self, now: i64) -> Vec<&str> {
+        signing_secrets(&self.secret, self.previous_secret.as_deref(), self.previous_until, now)
+    }
+
     /// The event it delivers.
     pub fn event(&self) -> Event {
         Event {
@@ -450,8 +514,9 @@ pub struct AttemptResult {
     pub latency_ms: i64,
     /// Ended (ms).
     pub finished_at: i64,
-    /// The next attempt's time; `None`: no more (delivered, or failed for good).
-    pub next_attempt_at: Option<i64>,
+    /// The wait (ms) before the next attempt, counted on the database's clock when it is recorded; `None`: no
+    /// more (delivered, or failed for good).
+    pub retry_in: Option<i64>,
     /// The endpoint answered `410 Gone`: disable it.
     pub gone: bool,
 }
@@ -473,6 +538,55 @@ mod tests {
         assert!(well_formed(&a.id(), "evt_"), "{}", a.id());
         assert!(well_formed(&random_id("we_"), "we_"));
         assert_ne!(random_id("we_"), random_id("we_"));
+    }
+
+    #[test]
+    fn debug_leaves_the_secrets_out() {
+        let endpoint = Endpoint {
+            id: random_id("we_"),
+            tenant: "acme".into(),
+            url: "https://hooks.example/".into(),
+            events: None,
+            secret: "whsec_current".into(),
+            previous_secret: Some("whsec_previous".into()),
+            previous_until: Some(2),
+            enabled: true,
+            disabled_reason: None,
+            created_at: 1,
+            updated_at: 1,
+        };
+        let delivery = Delivery {
+            id: random_id("whd_"),
+            event_id: random_id("evt_"),
+            endpoint_id: endpoint.id.clone(),
+            tenant: "acme".into(),
+            state: DeliveryState::Pending,
+            attempts: 1,
+            claim: 1,
+            next_attempt_at: 1,
+            schedule: "100".into(),
+            last_status: None,
+            last_error: None,
+            created_at: 1,
+            updated_at: 1,
+        };
+        let claimed = Claimed {
+            delivery,
+            url: endpoint.url.clone(),
+            secret: endpoint.secret.clone(),
+            previous_secret: endpoint.previous_secret.clone(),
+            previous_until: endpoint.previous_until,
+            event_type: EventType::PaymentSucceeded,
+            event_data: "{}".into(),
+            event_created_at: 1,
+            traceparent: None,
+        };
+        for shown in [format!("{endpoint:?}"), format!("{claimed:?}"), format!("{claimed:#?}")] {
+            assert!(!shown.contains("whsec_current") && !shown.contains("whsec_previous"), "{shown}");
+            assert!(shown.contains("[redacted]") && shown.contains("hooks.example"), "{shown}");
+        }
+        assert_eq!(claimed.signing_secrets(1), ["whsec_current", "whsec_previous"]);
+        assert_eq!(endpoint.signing_secrets(2), ["whsec_current"], "the previous one signs until its end");
     }
 
     #[test]

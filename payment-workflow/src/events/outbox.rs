@@ -2,9 +2,10 @@
 //! event and no event without its outcome, whatever crashes in between. Two forms, one per way a backend writes
 //! a saga's phase:
 //!
-//! - in a statement phase (Postgres, SQLite): [`phase_write`] appends one more write to the phase's SQL — on
-//!   Postgres one more data-modifying CTE of its single statement, on SQLite one more statement of its call —
-//!   made only when the phase's own condition holds (the outcome's write happened);
+//! - in a statement phase (Postgres, SQLite): [`phase_insert`] is the `INSERT` of one more write of the phase —
+//!   the store makes it one more data-modifying CTE of its single statement on Postgres, one more statement of
+//!   its call on SQLite (`PhaseDialect::write`) — made only when the phase's own condition holds (the outcome's
+//!   write happened);
 //! - in a transaction (closure steps, every backend: MySQL's phases, any backend's compensations):
 //!   [`crate::EventStore::write_event`] on the step's connection.
 //!
@@ -16,13 +17,13 @@
 use onceflow_engine::phase::SqlArg;
 
 use super::model::NewEvent;
-use crate::store::PhaseDialect;
 
-/// The parts of a statement phase that write `event` when the SQL boolean `condition` holds, in dialect `d`;
-/// its values are appended to `args` (so the parts' parameters follow the phase's own). The write is named
-/// `p_event`: `d.wrote("p_event")` tells the parts after it (and the phase's guard or step outputs) whether it
-/// wrote — false both when `condition` did not hold and when the outcome's event exists.
-pub fn phase_write(d: PhaseDialect, event: &NewEvent, condition: &str, args: &mut Vec<SqlArg>) -> Vec<String> {
+/// The `INSERT` that writes `event` when the SQL boolean `condition` holds, for a statement phase of Postgres or
+/// SQLite; its values are appended to `args` (so its parameters follow the phase's own). The store makes it one
+/// of the phase's writes, named as it likes — `d.write("p_event", &sql)` — and `d.wrote("p_event")` then tells
+/// the parts after it (and the phase's guard or step outputs) whether it wrote: false both when `condition` did
+/// not hold and when the outcome's event exists. (The dialect stays with the store: the events sit below it.)
+pub fn phase_insert(event: &NewEvent, condition: &str, args: &mut Vec<SqlArg>) -> String {
     let first = args.len() + 1;
     args.extend([
         SqlArg::Text(event.id()),
@@ -33,17 +34,14 @@ pub fn phase_write(d: PhaseDialect, event: &NewEvent, condition: &str, args: &mu
         SqlArg::Text(event.traceparent.clone().unwrap_or_default()),
     ]);
     let p = |i: usize| format!("${}", first + i);
-    d.write(
-        "p_event",
-        &format!(
-            "INSERT INTO events (id, tenant, type, data, created_at, traceparent) \
-             SELECT {}, {}, {}, {}, {}, NULLIF({}, '') WHERE {condition} ON CONFLICT (id) DO NOTHING",
-            p(0),
-            p(1),
-            p(2),
-            p(3),
-            p(4),
-            p(5)
-        ),
+    format!(
+        "INSERT INTO events (id, tenant, type, data, created_at, traceparent) \
+         SELECT {}, {}, {}, {}, {}, NULLIF({}, '') WHERE {condition} ON CONFLICT (id) DO NOTHING",
+        p(0),
+        p(1),
+        p(2),
+        p(3),
+        p(4),
+        p(5)
     )
 }

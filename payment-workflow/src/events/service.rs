@@ -8,12 +8,14 @@ use std::time::Duration;
 use onceflow_engine::Engine;
 
 use super::address::Refusal;
-use super::model::{Attempt, Delivery, Endpoint, Event, EventType, NewDelivery, Position, random_id};
+use super::delivery::dispatch_all;
+use super::model::{
+    Attempt, Delivery, Endpoint, EndpointChange, Event, EventType, NewDelivery, Position, random_id, well_formed,
+};
 use super::settings::EventSettings;
 use super::signing::new_secret;
-use super::store::Scope;
+use super::store::{EventStore, Scope};
 use crate::settings::millis;
-use crate::store::PaymentStore;
 
 /// How long the previous secret keeps signing after a rotation.
 pub const ROTATION_OVERLAP: Duration = Duration::from_secs(24 * 3600);
@@ -72,12 +74,12 @@ pub struct EventPage {
 }
 
 /// The events front over the payment service's engine and store. Cheap to clone.
-pub struct Events<S: PaymentStore> {
+pub struct Events<S: EventStore> {
     engine: Engine<S>,
     settings: Arc<EventSettings>,
 }
 
-impl<S: PaymentStore> Clone for Events<S> {
+impl<S: EventStore> Clone for Events<S> {
     fn clone(&self) -> Self {
         Self { engine: self.engine.clone(), settings: self.settings.clone() }
     }
@@ -88,7 +90,7 @@ fn sees(scope: Scope<'_>, tenant: &str) -> bool {
     scope.is_none_or(|s| s == tenant)
 }
 
-impl<S: PaymentStore> Events<S> {
+impl<S: EventStore> Events<S> {
     /// The front over `engine`'s store and clock.
     pub fn new(engine: Engine<S>, settings: Arc<EventSettings>) -> Self {
         Self { engine, settings }
@@ -137,8 +139,12 @@ impl<S: PaymentStore> Events<S> {
         Ok(endpoint)
     }
 
-    /// One endpoint `scope` may see.
+    /// One endpoint `scope` may see. An id of a shape this service never gives names none (and is not looked
+    /// up: a NUL byte in it is an error on Postgres, not a client's mistake).
     pub async fn endpoint(&self, scope: Scope<'_>, id: &str) -> Result<Endpoint, EventError> {
+        if !well_formed(id, "we_") {
+            return Err(EventError::EndpointNotFound(id.to_owned()));
+        }
         match self.store().endpoint(id).await? {
             Some(e) if sees(scope, &e.tenant) => Ok(e),
             _ => Err(EventError::EndpointNotFound(id.to_owned())),
@@ -151,29 +157,25 @@ impl<S: PaymentStore> Events<S> {
         Ok(self.store().endpoints(scope, limit).await?)
     }
 
-    /// Changes an endpoint of `scope`.
+    /// Changes an endpoint of `scope`: only the fields `patch` names (a rotation at the same time keeps its
+    /// secret; an endpoint a `410` disables meanwhile stays disabled unless `patch` enables it). Disabling it
+    /// fails its pending deliveries, as deleting it does.
     pub async fn update_endpoint(
         &self,
         scope: Scope<'_>,
         id: &str,
         patch: EndpointPatch,
     ) -> Result<Endpoint, EventError> {
-        let mut endpoint = self.endpoint(scope, id).await?;
-        if let Some(url) = patch.url {
-            endpoint.url = self.settings.rules.check(&url, self.settings.resolver.as_ref()).await?.to_string();
-        }
-        if let Some(events) = patch.events {
-            endpoint.events = subscriptions(events);
-        }
-        if let Some(enabled) = patch.enabled {
-            endpoint.enabled = enabled;
-            endpoint.disabled_reason = (!enabled).then(|| "disabled".to_owned());
-        }
-        endpoint.updated_at = self.now();
-        if !self.store().update_endpoint(&endpoint).await? {
-            return Err(EventError::EndpointNotFound(id.to_owned()));
-        }
-        Ok(endpoint)
+        self.endpoint(scope, id).await?;
+        let url = match patch.url {
+            Some(url) => Some(self.settings.rules.check(&url, self.settings.resolver.as_ref()).await?.to_string()),
+            None => None,
+        };
+        let change = EndpointChange { url, events: patch.events.map(subscriptions), enabled: patch.enabled };
+        self.store()
+            .update_endpoint(id, &change, self.now())
+            .await?
+            .ok_or_else(|| EventError::EndpointNotFound(id.to_owned()))
     }
 
     /// Deletes an endpoint of `scope`; its pending deliveries fail.
@@ -187,22 +189,26 @@ impl<S: PaymentStore> Events<S> {
     }
 
     /// Gives an endpoint of `scope` a new secret (in the answer, shown this once); the old one keeps signing
-    /// beside it for [`ROTATION_OVERLAP`].
+    /// beside it for [`ROTATION_OVERLAP`]. Only the secrets are written (a `PATCH` at the same time keeps its
+    /// change).
     pub async fn rotate_secret(&self, scope: Scope<'_>, id: &str) -> Result<Endpoint, EventError> {
-        let mut endpoint = self.endpoint(scope, id).await?;
+        self.endpoint(scope, id).await?;
         let now = self.now();
-        endpoint.previous_secret = Some(std::mem::replace(&mut endpoint.secret, new_secret()));
-        endpoint.previous_until = Some(now.saturating_add(millis(ROTATION_OVERLAP)));
-        endpoint.updated_at = now;
-        if !self.store().update_endpoint(&endpoint).await? {
-            return Err(EventError::EndpointNotFound(id.to_owned()));
-        }
-        Ok(endpoint)
+        let until = now.saturating_add(millis(ROTATION_OVERLAP));
+        self.store()
+            .rotate_secret(id, &new_secret(), until, now)
+            .await?
+            .ok_or_else(|| EventError::EndpointNotFound(id.to_owned()))
     }
 
-    /// A page of `scope`'s log after `after` (the start when `None`), of `types` (every type when empty): at most
-    /// `limit` events in commit order, and where the next page starts. A cursor the retention pass has passed
-    /// (events after it were deleted) is [`EventError::CursorExpired`].
+    /// A page of `scope`'s log after `after` (from the oldest event kept when `None`), of `types` (every type
+    /// when empty): at most `limit` events in commit order, and where the next page starts. A cursor the
+    /// retention pass has passed (events after it were deleted) is [`EventError::CursorExpired`].
+    ///
+    /// The next cursor is never one the retention pass had passed when it was given: the log starts at the
+    /// retention's horizon (an event older than it, kept only while a delivery of it is pending, is not in the
+    /// log, only at `GET /v1/events/{id}`), and a page shorter than `limit` moves the cursor to the newest
+    /// event shown, of any type — so a client polling for a type that is rare keeps up with the log.
     pub async fn log(
         &self,
         scope: Scope<'_>,
@@ -212,22 +218,32 @@ impl<S: PaymentStore> Events<S> {
     ) -> Result<EventPage, EventError> {
         let store = self.store();
         store.sequence().await?;
-        let after = match after {
-            Some(after) => {
-                if store.horizon(scope).await?.is_some_and(|h| after < h) {
-                    return Err(EventError::CursorExpired);
-                }
-                after
-            }
-            None => Position::start(),
+        let limit = limit.clamp(1, MAX_PAGE);
+        let given = after.is_some();
+        let horizon = store.horizon(scope).await?;
+        let start = match after {
+            Some(after) if horizon.as_ref().is_some_and(|h| after < *h) => return Err(EventError::CursorExpired),
+            Some(after) => after,
+            None => horizon.unwrap_or_default(),
         };
-        let events = store.events_after(scope, &after, types, limit.clamp(1, MAX_PAGE)).await?;
-        let next = events.last().map_or(after, Event::position);
-        Ok(EventPage { events, next })
+        let page = store.events_after(scope, &start, types, limit).await?;
+        // Retention may have passed the start while the page was read. A client's cursor is then expired: events
+        // after it are gone, and the page may have skipped them. From the horizon (no cursor), what lies below
+        // the new one was deleted or is out of the log anyway: the next cursor starts there at the earliest.
+        let moved = store.horizon(scope).await?;
+        if given && moved.as_ref().is_some_and(|h| start < *h) {
+            return Err(EventError::CursorExpired);
+        }
+        let last = page.events.last().map(Event::position);
+        let next = [Some(start), last, page.end, moved].into_iter().flatten().max().unwrap_or_default();
+        Ok(EventPage { events: page.events, next })
     }
 
-    /// One event `scope` may see, with its deliveries.
+    /// One event `scope` may see, with its deliveries (an id of a shape this service never gives names none).
     pub async fn event(&self, scope: Scope<'_>, id: &str) -> Result<(Event, Vec<Delivery>), EventError> {
+        if !well_formed(id, "evt_") {
+            return Err(EventError::EventNotFound(id.to_owned()));
+        }
         match self.store().event(id).await? {
             Some(event) if sees(scope, &event.tenant) => {
                 let deliveries = self.store().deliveries_of(id).await?;
@@ -265,8 +281,21 @@ impl<S: PaymentStore> Events<S> {
         let (now, schedule) = (self.now(), self.settings.stored_schedule());
         let deliveries: Vec<NewDelivery> =
             targets.iter().map(|e| NewDelivery::redelivery(&event.id, &e.id, &event.tenant, now, &schedule)).collect();
-        self.store().insert_deliveries(&deliveries).await?;
-        Ok(deliveries)
+        // Each is made only while its event and its endpoint still are (retention, a delete or a disable may
+        // have come since they were read).
+        let made = self.store().insert_deliveries(&deliveries).await?;
+        let made: Vec<NewDelivery> =
+            deliveries.into_iter().zip(made).filter_map(|(d, made)| made.then_some(d)).collect();
+        if made.is_empty() && !targets.is_empty() {
+            if self.store().event(id).await?.is_none() {
+                return Err(EventError::EventNotFound(id.to_owned()));
+            }
+            if let Some(endpoint_id) = endpoint {
+                let e = self.endpoint(Some(&event.tenant), endpoint_id).await?;
+                return Err(EventError::EndpointDisabled(e.id));
+            }
+        }
+        Ok(made)
     }
 
     /// An endpoint's attempts (of `scope`), newest first.
@@ -289,21 +318,21 @@ impl<S: PaymentStore> Events<S> {
 
     /// One dispatcher pass now (what the delivery loop runs every poll): how many events it dispatched.
     pub async fn dispatch(&self) -> Result<u64, EventError> {
-        let store = self.store();
-        let mut total = 0;
-        loop {
-            let n = store.dispatch(500, self.now(), &self.settings.stored_schedule()).await?;
-            total += n;
-            if n < 500 {
-                return Ok(total);
-            }
-        }
+        Ok(dispatch_all(self.store(), self.now(), &self.settings.stored_schedule()).await?)
     }
 
     /// Deletes (or with `dry_run` counts) the events older than the retention that nothing pending holds,
-    /// with their delivery records, `batch` at a time: how many.
+    /// with their delivery records, `batch` at a time: how many. Deliveries left pending to an endpoint gone or
+    /// disabled are failed first (they would hold their events for ever).
     pub async fn delete_old(&self, dry_run: bool, batch: i64) -> Result<u64, EventError> {
-        let by = self.now().saturating_sub(millis(self.settings.retention));
+        let now = self.now();
+        if !dry_run {
+            let stranded = self.store().fail_stranded(now).await?;
+            if stranded > 0 {
+                tracing::warn!(stranded, "failed deliveries pending to endpoints deleted or disabled");
+            }
+        }
+        let by = now.saturating_sub(millis(self.settings.retention));
         let mut from = Position::start();
         let mut total = 0;
         loop {

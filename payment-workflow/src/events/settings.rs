@@ -30,7 +30,8 @@ pub struct EventSettings {
     pub schedule: Vec<Duration>,
     /// An attempt not answered `2xx` within this is failed (15 s).
     pub timeout: Duration,
-    /// Attempts in flight at once to one endpoint, per process.
+    /// Attempts in flight at once to one endpoint, per process, once it has answered `2xx` there (one until
+    /// then, and while its attempts fail: see `slots.rs`).
     pub per_endpoint: usize,
     /// How often the dispatcher and the delivery loop look for work when idle.
     pub poll: Duration,
@@ -78,6 +79,9 @@ impl EventSettings {
     }
 }
 
+/// The longest `Retry-After` honoured.
+pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(24 * 3600);
+
 /// The wait after attempt `attempt` (1, 2, …) failed under the stored `schedule`, with jitter (±10 %, from
 /// `unit`, a number in [0, 1)); `None` when the schedule is spent.
 pub fn wait_after(schedule: &str, attempt: i32, unit: f64) -> Option<Duration> {
@@ -86,6 +90,15 @@ pub fn wait_after(schedule: &str, attempt: i32, unit: f64) -> Option<Duration> {
     #[allow(clippy::cast_precision_loss, clippy::cast_possible_truncation, clippy::cast_sign_loss)]
     let jittered = (base as f64 * (0.9 + 0.2 * unit.clamp(0.0, 1.0))) as u64;
     Some(Duration::from_millis(jittered))
+}
+
+/// The wait after attempt `attempt` failed, its answer asking to wait `retry_after` (`429`, `503`): the
+/// schedule's, or `retry_after` (at most [`MAX_RETRY_AFTER`]) when that is longer. Never shorter than the
+/// schedule: every attempt counts against it, so a short `Retry-After` that replaced it would spend a
+/// delivery's whole schedule in seconds. `None` when the schedule is spent.
+pub fn retry_wait(schedule: &str, attempt: i32, unit: f64, retry_after: Option<Duration>) -> Option<Duration> {
+    let wait = wait_after(schedule, attempt, unit)?;
+    Some(retry_after.map_or(wait, |asked| wait.max(asked.min(MAX_RETRY_AFTER))))
 }
 
 #[cfg(test)]
@@ -102,6 +115,11 @@ mod tests {
         assert_eq!(wait_after(&stored, 7, 1.0), Some(Duration::from_secs(11 * 3600)));
         assert_eq!(wait_after(&stored, 8, 0.5), None, "eight attempts in all");
         assert_eq!(wait_after("", 1, 0.5), None);
+        let second = Duration::from_secs(1);
+        assert_eq!(retry_wait(&stored, 1, 0.5, Some(second)), Some(Duration::from_secs(5)), "the schedule's, longer");
+        assert_eq!(retry_wait(&stored, 1, 0.5, Some(60 * second)), Some(60 * second), "Retry-After's, longer");
+        assert_eq!(retry_wait(&stored, 1, 0.5, Some(Duration::MAX)), Some(MAX_RETRY_AFTER));
+        assert_eq!(retry_wait(&stored, 8, 0.5, Some(second)), None, "the schedule is spent");
         let total: Duration = DEFAULT_SCHEDULE.iter().sum();
         assert!((27..=33).contains(&(total.as_secs() / 3600)), "about 28 h: {total:?}");
     }

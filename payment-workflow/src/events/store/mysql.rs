@@ -1,17 +1,22 @@
 //! Events on MySQL / MariaDB: `?` parameters bound in the order they appear, a duplicate key read as "exists",
 //! and the log's order given after commit by the sequencer (see the migration): an `AUTO_INCREMENT` is taken at
-//! insert, not at commit, so it cannot order a log that readers page through while writers commit.
+//! insert, not at commit, so it cannot order a log that readers page through while writers commit. A delivery's
+//! due time is the server's clock, `CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED)` (ms), the same for every
+//! process.
 
 use onceflow_engine::{Conn, MySqlStore, Store};
+use sqlx::MySqlConnection;
 
-use super::standard::{CLAIMED, GONE, choose, delivery_state, engine, horizons};
-use super::{EventBatch, EventStore, Scope, plan};
-use crate::events::model::{
-    Attempt, AttemptResult, Claimed, Delivery, Endpoint, Event, EventType, NewDelivery, NewEvent, Position,
+use super::{
+    ABANDONED, DELETED, DISABLED, EVENT_GONE, EventBatch, EventStore, GONE, LogPage, LogRow, STRANDED, Scope, Sql,
+    UNSENT, choose, delivery_state, engine, horizons, log_page, plan,
 };
-use crate::store::Sql;
+use crate::events::model::{
+    Attempt, AttemptResult, Claimed, Delivery, Endpoint, EndpointChange, Event, EventType, NewDelivery, NewEvent,
+    Position,
+};
 
-/// The columns of an event as [`Event`] reads them.
+/// The columns of an event as [`Event`] reads them, numbered by the sequencer.
 const EVENT: &str = "id, tenant, type, data, created_at, traceparent, seq AS position";
 
 /// Events the sequencer numbers per transaction.
@@ -26,17 +31,34 @@ fn inserted(result: Result<sqlx::mysql::MySqlQueryResult, sqlx::Error>) -> Resul
     }
 }
 
-/// `events_after`'s SQL: numbered events after `$position` (MySQL numbers are unique), of a tenant, of types.
-fn after_sql(scoped: bool, types: usize) -> String {
-    let mut sql = format!("SELECT {EVENT} FROM events WHERE seq > ?");
-    if scoped {
-        sql.push_str(" AND tenant = ?");
-    }
-    if types > 0 {
-        sql.push_str(&format!(" AND type IN ({})", vec!["?"; types].join(", ")));
-    }
-    sql.push_str(" ORDER BY seq LIMIT ?");
-    sql
+/// `n` placeholders, for an `IN` list.
+fn marks(n: usize) -> String {
+    vec!["?"; n].join(", ")
+}
+
+/// Binds each of `values` to `query`, in order.
+macro_rules! bind_all {
+    ($query:expr, $values:expr) => {{
+        let mut q = $query;
+        for v in $values {
+            q = q.bind(v);
+        }
+        q
+    }};
+}
+
+/// The log's query: up to `?` (third) numbered events after the position `?` (of the tenant `?` when `scoped`,
+/// of `types` types), then the newest numbered event of the tenant (any type, `tail` 1) — in one statement, so
+/// both see the same log. Parameters: the position, [the tenant], [the types], the limit, the position again,
+/// [the tenant].
+fn log_sql(scoped: bool, types: usize) -> String {
+    let tenant = if scoped { " AND tenant = ?" } else { "" };
+    let kinds = if types == 0 { String::new() } else { format!(" AND type IN ({})", marks(types)) };
+    format!(
+        "(SELECT {EVENT}, 0 AS tail FROM events WHERE seq > ?{tenant}{kinds} ORDER BY seq LIMIT ?) \
+         UNION ALL (SELECT {EVENT}, 1 AS tail FROM events WHERE seq > ?{tenant} ORDER BY seq DESC LIMIT 1) \
+         ORDER BY tail, position"
+    )
 }
 
 impl EventStore for MySqlStore {
@@ -95,22 +117,31 @@ impl EventStore for MySqlStore {
         after: &Position,
         types: &[EventType],
         limit: i64,
-    ) -> Result<Vec<Event>, sqlx::Error> {
-        let sql = after_sql(scope.is_some(), types.len());
-        let mut q = sqlx::query_as(sqlx::AssertSqlSafe(sql)).bind(after.major);
+    ) -> Result<LogPage, sqlx::Error> {
+        let sql = log_sql(scope.is_some(), types.len());
+        let mut q = sqlx::query_as::<_, LogRow>(sqlx::AssertSqlSafe(sql)).bind(after.major);
         if let Some(tenant) = scope {
             q = q.bind(tenant.to_owned());
         }
         for t in types {
             q = q.bind(*t);
         }
-        q.bind(limit).fetch_all(self.pool()).await
+        q = q.bind(limit).bind(after.major);
+        if let Some(tenant) = scope {
+            q = q.bind(tenant.to_owned());
+        }
+        Ok(log_page(q.fetch_all(self.pool()).await?, limit))
     }
 
     async fn event(&self, id: &str) -> Result<Option<Event>, sqlx::Error> {
         // Committed but not numbered yet, an event is still one: its place in the log is unknown (0) until then.
-        let sql = format!("SELECT {} FROM events WHERE id = ?", EVENT.replace("seq AS", "COALESCE(seq, 0) AS"));
-        sqlx::query_as(sqlx::AssertSqlSafe(sql)).bind(id).fetch_optional(self.pool()).await
+        sqlx::query_as(
+            "SELECT id, tenant, type, data, created_at, traceparent, COALESCE(seq, 0) AS position FROM events \
+             WHERE id = ?",
+        )
+        .bind(id)
+        .fetch_optional(self.pool())
+        .await
     }
 
     async fn horizon(&self, scope: Scope<'_>) -> Result<Option<Position>, sqlx::Error> {
@@ -173,44 +204,91 @@ impl EventStore for MySqlStore {
         }
     }
 
-    async fn update_endpoint(&self, e: &Endpoint) -> Result<bool, sqlx::Error> {
-        // MySQL counts rows matched (the client's FOUND_ROWS flag), so an update to the same values is found.
-        let done = sqlx::query(
-            "UPDATE webhook_endpoints SET url = ?, events = ?, secret = ?, previous_secret = ?, previous_until = ?, \
-             enabled = ?, disabled_reason = ?, updated_at = ? WHERE id = ?",
+    async fn update_endpoint(
+        &self,
+        id: &str,
+        change: &EndpointChange,
+        now: i64,
+    ) -> Result<Option<Endpoint>, sqlx::Error> {
+        let mut tx = self.begin().await.map_err(engine)?;
+        // Assignments run left to right on MySQL: `disabled_reason` reads the parameter, not the new `enabled`.
+        sqlx::query(
+            "UPDATE webhook_endpoints SET url = COALESCE(?, url), events = IF(?, ?, events), \
+             disabled_reason = CASE WHEN ? IS NULL THEN disabled_reason WHEN ? THEN NULL ELSE 'disabled' END, \
+             enabled = COALESCE(?, enabled), updated_at = ? WHERE id = ?",
         )
-        .bind(&e.url)
-        .bind(&e.events)
-        .bind(&e.secret)
-        .bind(&e.previous_secret)
-        .bind(e.previous_until)
-        .bind(e.enabled)
-        .bind(&e.disabled_reason)
-        .bind(e.updated_at)
-        .bind(&e.id)
-        .execute(self.pool())
+        .bind(&change.url)
+        .bind(change.events.is_some())
+        .bind(change.events.clone().flatten())
+        .bind(change.enabled)
+        .bind(change.enabled)
+        .bind(change.enabled)
+        .bind(now)
+        .bind(id)
+        .execute(&mut *tx)
         .await?;
-        Ok(done.rows_affected() == 1)
+        let endpoint: Option<Endpoint> =
+            sqlx::query_as("SELECT * FROM webhook_endpoints WHERE id = ?").bind(id).fetch_optional(&mut *tx).await?;
+        if endpoint.is_some() && change.enabled == Some(false) {
+            fail_pending(&mut tx, id, DISABLED, now).await?;
+        }
+        tx.commit().await?;
+        Ok(endpoint)
+    }
+
+    async fn rotate_secret(
+        &self,
+        id: &str,
+        secret: &str,
+        until: i64,
+        now: i64,
+    ) -> Result<Option<Endpoint>, sqlx::Error> {
+        let mut tx = self.begin().await.map_err(engine)?;
+        // One statement, assignments left to right: the row's own secret becomes the previous one first.
+        sqlx::query(
+            "UPDATE webhook_endpoints SET previous_secret = secret, secret = ?, previous_until = ?, updated_at = ? \
+             WHERE id = ?",
+        )
+        .bind(secret)
+        .bind(until)
+        .bind(now)
+        .bind(id)
+        .execute(&mut *tx)
+        .await?;
+        let endpoint =
+            sqlx::query_as("SELECT * FROM webhook_endpoints WHERE id = ?").bind(id).fetch_optional(&mut *tx).await?;
+        tx.commit().await?;
+        Ok(endpoint)
     }
 
     async fn delete_endpoint(&self, id: &str, now: i64) -> Result<bool, sqlx::Error> {
         let mut tx = self.begin().await.map_err(engine)?;
         let done = sqlx::query("DELETE FROM webhook_endpoints WHERE id = ?").bind(id).execute(&mut *tx).await?;
-        sqlx::query(
-            "UPDATE webhook_deliveries SET state = 'failed', last_error = 'the endpoint was deleted', updated_at = ? \
-             WHERE state = 'pending' AND endpoint_id = ?",
-        )
-        .bind(now)
-        .bind(id)
-        .execute(&mut *tx)
-        .await?;
+        fail_pending(&mut tx, id, DELETED, now).await?;
         tx.commit().await?;
         Ok(done.rows_affected() == 1)
     }
 
-    async fn insert_deliveries(&self, deliveries: &[NewDelivery]) -> Result<u64, sqlx::Error> {
-        let mut conn = self.pool().acquire().await?;
-        insert_deliveries(&mut conn, deliveries).await
+    async fn insert_deliveries(&self, deliveries: &[NewDelivery]) -> Result<Vec<bool>, sqlx::Error> {
+        let mut tx = self.begin().await.map_err(engine)?;
+        let mut made = Vec::with_capacity(deliveries.len());
+        for d in deliveries {
+            // Locked for share until the insert commits (see `EventStore::insert_deliveries`).
+            let event: Option<String> = sqlx::query_scalar("SELECT id FROM events WHERE id = ? LOCK IN SHARE MODE")
+                .bind(&d.event_id)
+                .fetch_optional(&mut *tx)
+                .await?;
+            let endpoint: Option<String> = sqlx::query_scalar(
+                "SELECT id FROM webhook_endpoints WHERE id = ? AND tenant = ? AND enabled = TRUE LOCK IN SHARE MODE",
+            )
+            .bind(&d.endpoint_id)
+            .bind(&d.tenant)
+            .fetch_optional(&mut *tx)
+            .await?;
+            made.push(event.is_some() && endpoint.is_some() && insert_delivery(&mut tx, d).await?);
+        }
+        tx.commit().await?;
+        Ok(made)
     }
 
     async fn deliveries_of(&self, event_id: &str) -> Result<Vec<Delivery>, sqlx::Error> {
@@ -226,28 +304,33 @@ impl EventStore for MySqlStore {
         before: Option<&(i64, String, i32)>,
         limit: i64,
     ) -> Result<Vec<Attempt>, sqlx::Error> {
-        const ORDER: &str = " ORDER BY started_at DESC, delivery_id DESC, attempt DESC";
         match before {
             Some((at, delivery, attempt)) => {
                 // Spelled out: MariaDB reads a row comparison through an index less well.
-                let sql = format!(
+                sqlx::query_as(
                     "SELECT * FROM webhook_attempts WHERE endpoint_id = ? AND (started_at < ? OR (started_at = ? \
-                     AND (delivery_id < ? OR (delivery_id = ? AND attempt < ?)))){ORDER} LIMIT ?"
-                );
-                sqlx::query_as(sqlx::AssertSqlSafe(sql))
-                    .bind(endpoint_id)
-                    .bind(*at)
-                    .bind(*at)
-                    .bind(delivery)
-                    .bind(delivery)
-                    .bind(*attempt)
-                    .bind(limit)
-                    .fetch_all(self.pool())
-                    .await
+                     AND (delivery_id < ? OR (delivery_id = ? AND attempt < ?)))) \
+                     ORDER BY started_at DESC, delivery_id DESC, attempt DESC LIMIT ?",
+                )
+                .bind(endpoint_id)
+                .bind(*at)
+                .bind(*at)
+                .bind(delivery)
+                .bind(delivery)
+                .bind(*attempt)
+                .bind(limit)
+                .fetch_all(self.pool())
+                .await
             }
             None => {
-                let sql = format!("SELECT * FROM webhook_attempts WHERE endpoint_id = ?{ORDER} LIMIT ?");
-                sqlx::query_as(sqlx::AssertSqlSafe(sql)).bind(endpoint_id).bind(limit).fetch_all(self.pool()).await
+                sqlx::query_as(
+                    "SELECT * FROM webhook_attempts WHERE endpoint_id = ? \
+                     ORDER BY started_at DESC, delivery_id DESC, attempt DESC LIMIT ?",
+                )
+                .bind(endpoint_id)
+                .bind(limit)
+                .fetch_all(self.pool())
+                .await
             }
         }
     }
@@ -256,8 +339,11 @@ impl EventStore for MySqlStore {
         self.sequence().await?;
         let (major, _): (i64, String) =
             sqlx::query_as("SELECT position, event_id FROM event_dispatch WHERE id = 1").fetch_one(self.pool()).await?;
-        let cursor = Position { major, id: String::new() };
-        if self.events_after(None, &cursor, &[], 1).await?.is_empty() {
+        let waiting: Option<String> = sqlx::query_scalar("SELECT id FROM events WHERE seq > ? ORDER BY seq LIMIT 1")
+            .bind(major)
+            .fetch_optional(self.pool())
+            .await?;
+        if waiting.is_none() {
             return Ok(0);
         }
         let mut tx = self.begin().await.map_err(engine)?;
@@ -267,15 +353,29 @@ impl EventStore for MySqlStore {
                 .fetch_optional(&mut *tx)
                 .await?;
         let Some((major, _)) = cursor else { return Ok(0) };
-        let events: Vec<Event> = sqlx::query_as(sqlx::AssertSqlSafe(after_sql(false, 0)))
-            .bind(major)
-            .bind(limit)
-            .fetch_all(&mut *tx)
-            .await?;
+        let events: Vec<Event> = sqlx::query_as(
+            "SELECT id, tenant, type, data, created_at, traceparent, seq AS position FROM events WHERE seq > ? \
+             ORDER BY seq LIMIT ?",
+        )
+        .bind(major)
+        .bind(limit)
+        .fetch_all(&mut *tx)
+        .await?;
         let Some(last) = events.last().map(Event::position) else { return Ok(0) };
+        let mut tenants: Vec<String> = events.iter().map(|e| e.tenant.clone()).collect();
+        tenants.sort();
+        tenants.dedup();
+        // Locked for share until the deliveries commit: an endpoint deleted or disabled meanwhile waits, then
+        // fails them; one deleted or disabled before is not read.
+        let sql = format!(
+            "SELECT * FROM webhook_endpoints WHERE enabled = TRUE AND tenant IN ({}) LOCK IN SHARE MODE",
+            marks(tenants.len())
+        );
         let endpoints: Vec<Endpoint> =
-            sqlx::query_as("SELECT * FROM webhook_endpoints WHERE enabled = TRUE").fetch_all(&mut *tx).await?;
-        insert_deliveries(&mut tx, &plan(&events, &endpoints, now, schedule)).await?;
+            bind_all!(sqlx::query_as(sqlx::AssertSqlSafe(sql)), &tenants).fetch_all(&mut *tx).await?;
+        for d in plan(&events, &endpoints, now, schedule) {
+            insert_delivery(&mut tx, &d).await?;
+        }
         sqlx::query("UPDATE event_dispatch SET position = ?, event_id = ? WHERE id = 1")
             .bind(last.major)
             .bind(&last.id)
@@ -285,99 +385,99 @@ impl EventStore for MySqlStore {
         Ok(events.len() as u64)
     }
 
-    async fn due_endpoints(&self, now: i64) -> Result<Vec<String>, sqlx::Error> {
-        sqlx::query_scalar(
-            "SELECT w.id FROM webhook_endpoints w WHERE w.enabled = TRUE AND EXISTS (SELECT 1 FROM webhook_deliveries d \
-             WHERE d.state = 'pending' AND d.endpoint_id = w.id AND d.next_attempt_at <= ?)",
+    async fn due_endpoints(&self) -> Result<Vec<(String, String)>, sqlx::Error> {
+        sqlx::query_as(
+            "SELECT w.id, w.tenant FROM webhook_endpoints w WHERE w.enabled = TRUE AND EXISTS (SELECT 1 \
+             FROM webhook_deliveries d WHERE d.state = 'pending' AND d.endpoint_id = w.id \
+             AND d.next_attempt_at <= CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED))",
         )
-        .bind(now)
         .fetch_all(self.pool())
         .await
     }
 
-    async fn claim(
-        &self,
-        endpoint_id: &str,
-        limit: i64,
-        now: i64,
-        lease_until: i64,
-    ) -> Result<Vec<Claimed>, sqlx::Error> {
+    async fn claim(&self, endpoint_id: &str, limit: i64, now: i64, lease_ms: i64) -> Result<Vec<Claimed>, sqlx::Error> {
         let mut tx = self.begin().await.map_err(engine)?;
         let ids: Vec<String> = sqlx::query_scalar(
-            "SELECT id FROM webhook_deliveries WHERE state = 'pending' AND endpoint_id = ? AND next_attempt_at <= ? \
+            "SELECT id FROM webhook_deliveries WHERE state = 'pending' AND endpoint_id = ? \
+             AND next_attempt_at <= CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED) \
              ORDER BY next_attempt_at LIMIT ? FOR UPDATE SKIP LOCKED",
         )
         .bind(endpoint_id)
-        .bind(now)
         .bind(limit)
         .fetch_all(&mut *tx)
         .await?;
-        let mut claimed = Vec::new();
-        for id in ids {
-            sqlx::query(
-                "UPDATE webhook_deliveries SET attempts = attempts + 1, claim = claim + 1, next_attempt_at = ?, \
-                 updated_at = ? WHERE id = ?",
-            )
-            .bind(lease_until)
-            .bind(now)
-            .bind(&id)
-            .execute(&mut *tx)
-            .await?;
-            sqlx::query(
-                "UPDATE webhook_attempts SET outcome = 'abandoned', finished_at = ?, \
-                 error = 'the process sending it stopped before it was answered' \
-                 WHERE delivery_id = ? AND outcome = 'in_flight'",
-            )
-            .bind(now)
-            .bind(&id)
-            .execute(&mut *tx)
-            .await?;
-            sqlx::query(
-                "INSERT INTO webhook_attempts (delivery_id, attempt, endpoint_id, event_id, tenant, outcome, started_at) \
-                 SELECT id, attempts, endpoint_id, event_id, tenant, 'in_flight', ? FROM webhook_deliveries WHERE id = ?",
-            )
-            .bind(now)
-            .bind(&id)
-            .execute(&mut *tx)
-            .await?;
-            let row: Claimed =
-                sqlx::query_as(sqlx::AssertSqlSafe(CLAIMED.replace("$1", "?"))).bind(id).fetch_one(&mut *tx).await?;
-            claimed.push(row);
+        if ids.is_empty() {
+            return Ok(Vec::new());
         }
+        let list = marks(ids.len());
+        // What can never be sent is failed, not claimed: its event gone, its endpoint gone or disabled.
+        let sql = format!(
+            "UPDATE webhook_deliveries d SET d.state = 'failed', d.updated_at = ?, d.last_error = IF(EXISTS \
+             (SELECT 1 FROM events e WHERE e.id = d.event_id), ?, ?) WHERE d.id IN ({list}) \
+             AND (NOT EXISTS (SELECT 1 FROM events e WHERE e.id = d.event_id) OR NOT EXISTS \
+             (SELECT 1 FROM webhook_endpoints w WHERE w.id = d.endpoint_id AND w.enabled = TRUE))"
+        );
+        let q = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(now).bind(STRANDED).bind(EVENT_GONE);
+        bind_all!(q, &ids).execute(&mut *tx).await?;
+        // The lease runs on the database's clock, from now: every process compares the same clock with it.
+        let sql = format!(
+            "UPDATE webhook_deliveries SET attempts = attempts + 1, claim = claim + 1, \
+             next_attempt_at = CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED) + ?, updated_at = ? \
+             WHERE state = 'pending' AND id IN ({list})"
+        );
+        bind_all!(sqlx::query(sqlx::AssertSqlSafe(sql)).bind(lease_ms).bind(now), &ids).execute(&mut *tx).await?;
+        let sql = format!(
+            "UPDATE webhook_attempts SET outcome = 'abandoned', finished_at = ?, error = ? \
+             WHERE outcome = 'in_flight' AND delivery_id IN ({list})"
+        );
+        bind_all!(sqlx::query(sqlx::AssertSqlSafe(sql)).bind(now).bind(ABANDONED), &ids).execute(&mut *tx).await?;
+        let sql = format!(
+            "INSERT INTO webhook_attempts (delivery_id, attempt, endpoint_id, event_id, tenant, outcome, started_at) \
+             SELECT id, attempts, endpoint_id, event_id, tenant, 'in_flight', ? FROM webhook_deliveries \
+             WHERE state = 'pending' AND id IN ({list})"
+        );
+        bind_all!(sqlx::query(sqlx::AssertSqlSafe(sql)).bind(now), &ids).execute(&mut *tx).await?;
+        let sql = format!(
+            "SELECT d.*, w.url, w.secret, w.previous_secret, w.previous_until, e.type AS event_type, \
+             e.data AS event_data, e.created_at AS event_created_at, e.traceparent FROM webhook_deliveries d \
+             JOIN webhook_endpoints w ON w.id = d.endpoint_id JOIN events e ON e.id = d.event_id \
+             WHERE d.state = 'pending' AND d.id IN ({list})"
+        );
+        let claimed = bind_all!(sqlx::query_as(sqlx::AssertSqlSafe(sql)), &ids).fetch_all(&mut *tx).await?;
         tx.commit().await?;
         Ok(claimed)
+    }
+
+    async fn give_back(&self, c: &Claimed, now: i64) -> Result<bool, sqlx::Error> {
+        let d = &c.delivery;
+        let mut tx = self.begin().await.map_err(engine)?;
+        let moved = sqlx::query(
+            "UPDATE webhook_deliveries SET next_attempt_at = CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED), \
+             updated_at = ? WHERE id = ? AND claim = ? AND state = 'pending'",
+        )
+        .bind(now)
+        .bind(&d.id)
+        .bind(d.claim)
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query(
+            "UPDATE webhook_attempts SET outcome = 'abandoned', finished_at = ?, error = ? \
+             WHERE delivery_id = ? AND attempt = ? AND outcome = 'in_flight'",
+        )
+        .bind(now)
+        .bind(UNSENT)
+        .bind(&d.id)
+        .bind(d.attempts)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(moved.rows_affected() == 1)
     }
 
     async fn finish(&self, c: &Claimed, r: &AttemptResult) -> Result<bool, sqlx::Error> {
         let d = &c.delivery;
         let mut tx = self.begin().await.map_err(engine)?;
-        sqlx::query(
-            "UPDATE webhook_attempts SET outcome = ?, finished_at = ?, status_code = ?, latency_ms = ?, error = ?, \
-             next_attempt_at = ? WHERE delivery_id = ? AND attempt = ? AND outcome = 'in_flight'",
-        )
-        .bind(r.outcome)
-        .bind(r.finished_at)
-        .bind(r.status_code)
-        .bind(r.latency_ms)
-        .bind(&r.error)
-        .bind(r.next_attempt_at)
-        .bind(&d.id)
-        .bind(d.attempts)
-        .execute(&mut *tx)
-        .await?;
-        let moved = sqlx::query(
-            "UPDATE webhook_deliveries SET state = ?, next_attempt_at = ?, last_status = ?, last_error = ?, \
-             updated_at = ? WHERE id = ? AND claim = ? AND state = 'pending'",
-        )
-        .bind(delivery_state(r))
-        .bind(r.next_attempt_at.unwrap_or(r.finished_at))
-        .bind(r.status_code)
-        .bind(&r.error)
-        .bind(r.finished_at)
-        .bind(&d.id)
-        .bind(d.claim)
-        .execute(&mut *tx)
-        .await?;
+        // Rows in the order every writer takes them (endpoint, delivery, attempt): no deadlock with a delete.
         if r.gone {
             sqlx::query(
                 "UPDATE webhook_endpoints SET enabled = FALSE, disabled_reason = 'gone', updated_at = ? \
@@ -387,15 +487,39 @@ impl EventStore for MySqlStore {
             .bind(&d.endpoint_id)
             .execute(&mut *tx)
             .await?;
-            sqlx::query(
-                "UPDATE webhook_deliveries SET state = 'failed', last_error = ?, updated_at = ? \
-                 WHERE state = 'pending' AND endpoint_id = ?",
-            )
-            .bind(GONE)
-            .bind(r.finished_at)
-            .bind(&d.endpoint_id)
-            .execute(&mut *tx)
-            .await?;
+        }
+        let moved = sqlx::query(
+            "UPDATE webhook_deliveries SET state = ?, \
+             next_attempt_at = CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED) + COALESCE(?, 0), last_status = ?, \
+             last_error = ?, updated_at = ? WHERE id = ? AND claim = ? AND state = 'pending'",
+        )
+        .bind(delivery_state(r))
+        .bind(r.retry_in)
+        .bind(r.status_code)
+        .bind(&r.error)
+        .bind(r.finished_at)
+        .bind(&d.id)
+        .bind(d.claim)
+        .execute(&mut *tx)
+        .await?;
+        // What happened is recorded whatever became of the claim: the attempt was made.
+        sqlx::query(
+            "UPDATE webhook_attempts SET outcome = ?, finished_at = ?, status_code = ?, latency_ms = ?, error = ?, \
+             next_attempt_at = CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED) + ? \
+             WHERE delivery_id = ? AND attempt = ? AND outcome = 'in_flight'",
+        )
+        .bind(r.outcome)
+        .bind(r.finished_at)
+        .bind(r.status_code)
+        .bind(r.latency_ms)
+        .bind(&r.error)
+        .bind(r.retry_in)
+        .bind(&d.id)
+        .bind(d.attempts)
+        .execute(&mut *tx)
+        .await?;
+        if r.gone {
+            fail_pending(&mut tx, &d.endpoint_id, GONE, r.finished_at).await?;
         }
         tx.commit().await?;
         Ok(moved.rows_affected() == 1)
@@ -405,6 +529,31 @@ impl EventStore for MySqlStore {
         sqlx::query_as("SELECT count(*), min(created_at) FROM webhook_deliveries WHERE state = 'pending'")
             .fetch_one(self.pool())
             .await
+    }
+
+    async fn undispatched(&self) -> Result<Option<i64>, sqlx::Error> {
+        // Not numbered yet (the sequencer's turn), or numbered after the dispatcher's cursor: each through its
+        // own index.
+        sqlx::query_scalar(
+            "SELECT min(created_at) FROM ((SELECT created_at FROM events WHERE seq IS NULL ORDER BY n LIMIT 1) \
+             UNION ALL (SELECT created_at FROM events WHERE seq > (SELECT position FROM event_dispatch WHERE id = 1) \
+             ORDER BY seq LIMIT 1)) AS waiting",
+        )
+        .fetch_one(self.pool())
+        .await
+    }
+
+    async fn fail_stranded(&self, now: i64) -> Result<u64, sqlx::Error> {
+        let done = sqlx::query(
+            "UPDATE webhook_deliveries d SET d.state = 'failed', d.last_error = ?, d.updated_at = ? \
+             WHERE d.state = 'pending' AND NOT EXISTS (SELECT 1 FROM webhook_endpoints w WHERE w.id = d.endpoint_id \
+             AND w.enabled = TRUE)",
+        )
+        .bind(STRANDED)
+        .bind(now)
+        .execute(self.pool())
+        .await?;
+        Ok(done.rows_affected())
     }
 
     async fn delete_events(
@@ -431,32 +580,27 @@ impl EventStore for MySqlStore {
         if dry_run || doomed.is_empty() {
             return Ok(EventBatch { deleted: doomed.len() as u64, done });
         }
+        let ids: Vec<String> = doomed.iter().map(|(id, _, _)| id.clone()).collect();
+        let list = marks(ids.len());
         let mut tx = self.begin().await.map_err(engine)?;
-        let mut deleted = 0;
-        for (id, _, _) in &doomed {
-            sqlx::query(
-                "DELETE a FROM webhook_attempts a JOIN webhook_deliveries d ON d.id = a.delivery_id \
-                 WHERE d.event_id = ? AND d.state <> 'pending'",
-            )
-            .bind(id)
-            .execute(&mut *tx)
-            .await?;
-            sqlx::query("DELETE FROM webhook_deliveries WHERE event_id = ? AND state <> 'pending'")
-                .bind(id)
-                .execute(&mut *tx)
-                .await?;
-            let pending: Option<String> = sqlx::query_scalar(
-                "SELECT id FROM webhook_deliveries WHERE event_id = ? AND state = 'pending' LIMIT 1",
-            )
-            .bind(id)
-            .fetch_optional(&mut *tx)
-            .await?;
-            // A redelivery asked for meanwhile keeps its event.
-            if pending.is_none() {
-                deleted +=
-                    sqlx::query("DELETE FROM events WHERE id = ?").bind(id).execute(&mut *tx).await?.rows_affected();
-            }
-        }
+        // Locked first: a redelivery that locked an event for share has committed its delivery before this
+        // goes on, and the checks below (later statements, READ COMMITTED) see it; one that comes after finds no
+        // event.
+        let sql = format!("SELECT id FROM events WHERE id IN ({list}) FOR UPDATE");
+        bind_all!(sqlx::query(sqlx::AssertSqlSafe(sql)), &ids).execute(&mut *tx).await?;
+        let sql = format!(
+            "DELETE a FROM webhook_attempts a JOIN webhook_deliveries d ON d.id = a.delivery_id \
+             WHERE d.state <> 'pending' AND d.event_id IN ({list})"
+        );
+        bind_all!(sqlx::query(sqlx::AssertSqlSafe(sql)), &ids).execute(&mut *tx).await?;
+        let sql = format!("DELETE FROM webhook_deliveries WHERE state <> 'pending' AND event_id IN ({list})");
+        bind_all!(sqlx::query(sqlx::AssertSqlSafe(sql)), &ids).execute(&mut *tx).await?;
+        // A redelivery asked for meanwhile keeps its event.
+        let sql = format!(
+            "DELETE FROM events WHERE id IN ({list}) AND NOT EXISTS (SELECT 1 FROM webhook_deliveries d \
+             WHERE d.event_id = events.id AND d.state = 'pending')"
+        );
+        let deleted = bind_all!(sqlx::query(sqlx::AssertSqlSafe(sql)), &ids).execute(&mut *tx).await?.rows_affected();
         for (tenant, position) in horizons(&doomed) {
             sqlx::query(
                 "INSERT INTO event_horizons (tenant, position, event_id) VALUES (?, ?, ?) ON DUPLICATE KEY UPDATE \
@@ -474,25 +618,36 @@ impl EventStore for MySqlStore {
     }
 }
 
-/// Inserts `deliveries` on `conn`, skipping ids that exist; how many it inserted.
-async fn insert_deliveries(conn: &mut sqlx::MySqlConnection, deliveries: &[NewDelivery]) -> Result<u64, sqlx::Error> {
-    let mut made = 0;
-    for d in deliveries {
-        let done = sqlx::query(
-            "INSERT INTO webhook_deliveries (id, event_id, endpoint_id, tenant, state, attempts, claim, \
-             next_attempt_at, schedule, created_at, updated_at) VALUES (?, ?, ?, ?, 'pending', 0, 0, ?, ?, ?, ?)",
-        )
-        .bind(&d.id)
-        .bind(&d.event_id)
-        .bind(&d.endpoint_id)
-        .bind(&d.tenant)
-        .bind(d.due)
-        .bind(&d.schedule)
-        .bind(d.due)
-        .bind(d.due)
-        .execute(&mut *conn)
-        .await;
-        made += u64::from(inserted(done)?);
-    }
-    Ok(made)
+/// Fails the pending deliveries of `endpoint_id` (deleted, disabled, gone) for `why`, in the caller's
+/// transaction (after the endpoint's row, which it locked).
+async fn fail_pending(conn: &mut MySqlConnection, endpoint_id: &str, why: &str, now: i64) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "UPDATE webhook_deliveries SET state = 'failed', last_error = ?, updated_at = ? \
+         WHERE state = 'pending' AND endpoint_id = ?",
+    )
+    .bind(why)
+    .bind(now)
+    .bind(endpoint_id)
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
+/// Inserts `d`, due at once by the database's clock, unless its id exists: whether it did.
+async fn insert_delivery(conn: &mut MySqlConnection, d: &NewDelivery) -> Result<bool, sqlx::Error> {
+    let done = sqlx::query(
+        "INSERT INTO webhook_deliveries (id, event_id, endpoint_id, tenant, state, attempts, claim, next_attempt_at, \
+         schedule, created_at, updated_at) \
+         VALUES (?, ?, ?, ?, 'pending', 0, 0, CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED), ?, ?, ?)",
+    )
+    .bind(&d.id)
+    .bind(&d.event_id)
+    .bind(&d.endpoint_id)
+    .bind(&d.tenant)
+    .bind(&d.schedule)
+    .bind(d.created_at)
+    .bind(d.created_at)
+    .execute(&mut *conn)
+    .await;
+    inserted(done)
 }
