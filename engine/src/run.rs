@@ -235,6 +235,9 @@ async fn run_once<S: Store>(
                 ctx.commit(finish(WorkflowState::Failed, None, Some(&failure), ctx.now_ms())).await?;
                 return Ok(Outcome::Failed(failure));
             }
+            Err(Interrupt::RolledForward { output, exception }) => {
+                return rolled_forward(ctx, output, exception).await;
+            }
             Err(other) => return Err(other),
         }
     } else {
@@ -270,6 +273,19 @@ async fn compensate<S: Store>(
         };
         match wf.compensate(ctx, &compensation, &failure).await {
             Ok(()) => ctx.push_compensation_status(c.clone(), CompensationStatus::Done),
+            Err(Interrupt::RolledForward { output, mut exception }) => {
+                // Not undone: the compensation says so (`failed`), and the ones after it never run.
+                ctx.push_compensation_status(c.clone(), CompensationStatus::Failed);
+                ctx.set_prefix(String::new());
+                exception.details = json!({
+                    "details": exception.details,
+                    "failure": failure,
+                    "compensation": { "name": c.name, "step_key": c.step_key },
+                });
+                tracing::warn!(workflow_id = %ctx.workflow_id(), compensation = %c.name, code = %exception.code,
+                    "a compensation could not undo its step: the workflow rolled forward");
+                return rolled_forward(ctx, output, exception).await;
+            }
             Err(e @ (Interrupt::Failed(_) | Interrupt::Refused(_) | Interrupt::StepMismatch { .. })) => {
                 ctx.abort_phase().await;
                 ctx.push_compensation_status(c.clone(), CompensationStatus::Failed);
@@ -294,6 +310,18 @@ async fn compensate<S: Store>(
     let final_state = if cancelled { WorkflowState::Cancelled } else { WorkflowState::Failed };
     ctx.commit(finish(final_state, None, Some(&failure), ctx.now_ms())).await?;
     Ok(if cancelled { Outcome::Cancelled(failure) } else { Outcome::Failed(failure) })
+}
+
+/// Ends the workflow `completed` with `output`, keeping `exception` as its error (see
+/// [`Interrupt::RolledForward`]): the open phase commits with it.
+async fn rolled_forward<S: Store>(
+    ctx: &mut WorkflowContext<S>,
+    output: Value,
+    exception: Failure,
+) -> Result<Outcome, Interrupt> {
+    let text = serde_json::to_string(&output).map_err(|e| Interrupt::Engine(e.into()))?;
+    ctx.commit(finish(WorkflowState::Completed, Some(text), Some(&exception), ctx.now_ms())).await?;
+    Ok(Outcome::Completed(output))
 }
 
 /// The commit that moves a failed workflow on to its compensations.

@@ -8,9 +8,11 @@ use std::time::Duration;
 use crate::channel::Channel;
 use crate::model::{OrderStatus, PaymentStatus, Problem, StoredResponse};
 use crate::store::{PaymentStore, Reserve, ReserveSteps};
-use onceflow_engine::{BoxFuture, Compensation, Failure, Interrupt, RetryPolicy, Workflow, WorkflowContext, step};
+use onceflow_engine::{
+    BoxFuture, Compensation, Failure, Interrupt, RetryPolicy, StepError, Workflow, WorkflowContext, step,
+};
 
-use super::charge::{ChargeOutcome, charge, undo_charge};
+use super::charge::{ChargeOutcome, Undone, charge, undo_charge};
 use crate::model::PaymentInput;
 
 /// The payment workflow type.
@@ -109,13 +111,16 @@ impl<S: PaymentStore> Workflow<S> for PaymentSaga {
                         | ChargeOutcome::NotOurs
                         | ChargeOutcome::Refused { after_unknown: false, .. },
                     ) => return Ok(()),
-                    Some(ChargeOutcome::Charged { .. }) => true,
+                    Some(ChargeOutcome::Charged { charge_id }) => Some(charge_id),
                     // Unknown, or refused while an earlier request may be in flight: close the number first.
-                    Some(ChargeOutcome::Refused { after_unknown: true, .. }) | None => false,
+                    Some(ChargeOutcome::Refused { after_unknown: true, .. }) | None => None,
                 };
                 let channel = &self.channel;
-                let undo = |_| undo_charge(channel.as_ref(), &i, charged);
+                let undo = |_| undo_charge(channel.as_ref(), &i, charged.clone());
                 let undone = ctx.external(step("refund").retry(self.channel_retry), undo).await?;
+                if let Undone::Kept { charge_id, why } = undone {
+                    return keep_charge(ctx, &i, now, charge_id, why).await;
+                }
                 tracing::info!(request_no = %i.request_no, ?undone, "charge undone");
                 Ok(())
             }
@@ -167,6 +172,52 @@ impl<S: PaymentStore> Workflow<S> for PaymentSaga {
             other => Err(Interrupt::Failed(Failure::new("unknown_compensation", other.to_owned()))),
         }
     }
+}
+
+/// The way out of a charge the channel would not give back ([`Undone::Kept`]): the payment rolls forward. In one
+/// step — committed with the workflow's end — the order goes `paying → paid` (only under this payment's
+/// reservation), the record `succeeded` with the charge, the token `completed` with the charge's `201`; the
+/// workflow ends `completed` with that answer, its exception `kept_after_failed_refund` kept for operators (and
+/// logged, and counted). The compensations after the refund never run. Should the order no longer be this
+/// payment's (nothing moves it but this payment's own steps), nothing is written and the workflow ends
+/// `compensation_failed` for an operator.
+async fn keep_charge<S: PaymentStore>(
+    ctx: &mut WorkflowContext<S>,
+    i: &PaymentInput,
+    now: i64,
+    charge_id: String,
+    why: String,
+) -> Result<(), Interrupt> {
+    let body = i.payment_body(PaymentStatus::Succeeded, Some(&charge_id)).render();
+    let response = StoredResponse { status: 201, body: body.clone() };
+    let (tenant, order_no, request_no, token) =
+        (i.tenant.clone(), i.order_no.clone(), i.request_no.clone(), i.token.clone());
+    let charge = charge_id.clone();
+    ctx.transactional("keep_charge", move |c| -> BoxFuture<'_, _> {
+        Box::pin(async move {
+            if !S::move_order(&mut *c, tenant.clone(), order_no, request_no.clone(), OrderStatus::Paid, now).await? {
+                return Err(StepError::terminal(
+                    "order_not_paying",
+                    "the order is no longer paying under this payment: its charge cannot be kept",
+                ));
+            }
+            S::succeed_payment(&mut *c, tenant, request_no, token.clone(), charge, now).await?;
+            S::complete_token(&mut *c, token, 201, body, now).await?;
+            Ok(())
+        })
+    })
+    .await?;
+    metrics::counter!("onceflow_payments_kept_after_failed_refund_total").increment(1);
+    tracing::warn!(tenant = %i.tenant, request_no = %i.request_no, %charge_id, %why,
+        "the refund of a cancelled payment failed: the charge is kept and the payment completed (an operator may refund it)");
+    let exception = Failure::new(
+        "kept_after_failed_refund",
+        "the channel did not refund the charge: it is kept, the order paid and the payment succeeded; refund it \
+         as a merchant refund if the money must go back",
+    )
+    .with_details(serde_json::json!({ "charge_id": charge_id, "refund": why }));
+    let output = serde_json::to_value(&response).map_err(|e| Interrupt::Engine(e.into()))?;
+    Err(Interrupt::RolledForward { output, exception })
 }
 
 /// The answer to a payment whose order was not reserved (`None`: its `request_no` is another payment's), and

@@ -218,6 +218,18 @@ pub trait PaymentStore: Store {
     fn all_orders(&self) -> impl Future<Output = Result<Vec<Order>, sqlx::Error>> + Send;
     /// Every payment record (for the invariant checker).
     fn all_payments(&self) -> impl Future<Output = Result<Vec<PaymentRecord>, sqlx::Error>> + Send;
+
+    /// This payment's record — the tenant's `request_no` inserted under `token` — `processing → succeeded` with
+    /// `charge_id`, a payment that rolled forward (its charge could not be refunded); whether it did. Never
+    /// another payment's record, never a final one.
+    fn succeed_payment<'c>(
+        conn: &'c mut Conn<Self>,
+        tenant: String,
+        request_no: RequestNo,
+        token: Token,
+        charge_id: String,
+        now: i64,
+    ) -> Sql<'c, bool>;
 }
 
 /// A token row with whether the tenant has the order (see [`PaymentStore::token_and_order`]).

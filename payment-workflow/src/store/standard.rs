@@ -365,4 +365,28 @@ where
     async fn all_payments(&self) -> Result<Vec<PaymentRecord>, sqlx::Error> {
         sqlx::query_as("SELECT * FROM payments ORDER BY tenant, request_no").fetch_all(self.pool()).await
     }
+
+    fn succeed_payment<'c>(
+        conn: &'c mut Conn<Self>,
+        tenant: String,
+        request_no: RequestNo,
+        token: Token,
+        charge_id: String,
+        now: i64,
+    ) -> Sql<'c, bool> {
+        Box::pin(async move {
+            let done = sqlx::query(
+                "UPDATE payments SET status = 'succeeded', charge_id = $4, updated_at = $5 \
+                 WHERE tenant = $1 AND request_no = $2 AND token = $3 AND status = 'processing'",
+            )
+            .bind(tenant)
+            .bind(request_no)
+            .bind(token)
+            .bind(charge_id)
+            .bind(now)
+            .execute(conn)
+            .await?;
+            Ok(S::rows_affected(&done) == 1)
+        })
+    }
 }

@@ -289,4 +289,28 @@ impl PaymentStore for MySqlStore {
     async fn all_payments(&self) -> Result<Vec<PaymentRecord>, sqlx::Error> {
         sqlx::query_as("SELECT * FROM payments ORDER BY tenant, request_no").fetch_all(self.pool()).await
     }
+
+    fn succeed_payment<'c>(
+        conn: &'c mut Conn<Self>,
+        tenant: String,
+        request_no: RequestNo,
+        token: Token,
+        charge_id: String,
+        now: i64,
+    ) -> Sql<'c, bool> {
+        Box::pin(async move {
+            let done = sqlx::query(
+                "UPDATE payments SET status = 'succeeded', charge_id = ?, updated_at = ? \
+                 WHERE tenant = ? AND request_no = ? AND token = ? AND status = 'processing'",
+            )
+            .bind(charge_id)
+            .bind(now)
+            .bind(tenant)
+            .bind(request_no)
+            .bind(token)
+            .execute(conn)
+            .await?;
+            Ok(done.rows_affected() == 1)
+        })
+    }
 }
