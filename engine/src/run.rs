@@ -13,6 +13,9 @@ use crate::outcome::Outcome;
 use crate::store::{CompensationStatus, StepStatus, Store, WorkflowRecord, WorkflowState, WorkflowUpdate};
 use crate::workflow::{Compensation, ErasedWorkflow};
 
+/// The key prefix of a compensation's steps: `compensate/<seq>/<step key>`.
+pub(crate) const COMPENSATION_PREFIX: &str = "compensate/";
+
 /// How many times a run replays a phase or commit undone by a transient error before releasing the workflow.
 const MAX_TRANSIENT_REPLAYS: u32 = 5;
 
@@ -113,7 +116,10 @@ async fn drive_until_stopped<S: Store>(
                     release(&mut ctx, until).await;
                     return None;
                 }
-                tokio::time::sleep(delay).await;
+                tokio::select! {
+                    () = tokio::time::sleep(delay) => {}
+                    () = crate::core::woken(core.woken(&id)) => {}
+                }
                 if ctx.recorded() {
                     // The body may have moved the workflow on (to compensating) before the retry.
                     match core.store.workflow(&id).await {
@@ -264,7 +270,7 @@ async fn compensate<S: Store>(
             StepStatus::Completed => forward.output.as_deref().and_then(|o| serde_json::from_str(o).ok()),
             _ => None,
         };
-        ctx.set_prefix(format!("compensate/{}/", c.seq));
+        ctx.set_prefix(format!("{COMPENSATION_PREFIX}{}/", c.seq));
         let compensation = Compensation {
             step_key: c.step_key.clone(),
             name: c.name.clone(),
