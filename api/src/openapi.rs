@@ -56,6 +56,7 @@ pub struct Problem {
         ops::get_workflow,
         ops::retry_workflow,
         ops::cancel_workflow,
+        ops::query_channel,
         ops::healthz,
         ops::readyz,
         ops::metrics,

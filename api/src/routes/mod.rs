@@ -44,6 +44,7 @@ pub fn app<S: PaymentStore>(state: AppState<S>) -> Router {
         .route("/v1/workflows/{workflow_id}", get(ops::get_workflow::<S>))
         .route("/v1/workflows/{workflow_id}/retry", post(ops::retry_workflow::<S>))
         .route("/v1/workflows/{workflow_id}/cancel", post(ops::cancel_workflow::<S>))
+        .route("/v1/workflows/{workflow_id}/query-channel", post(ops::query_channel::<S>))
         .route("/healthz", get(ops::healthz))
         .route("/readyz", get(ops::readyz::<S>))
         .route("/metrics", get(ops::metrics::<S>))
