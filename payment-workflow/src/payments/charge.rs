@@ -42,13 +42,11 @@ impl ChargeOutcome {
             Self::Refused { status, body, .. } => {
                 // The channel's answer stays in the step's output and the log, never in the client's problem.
                 tracing::warn!(request_no = %i.request_no, status, %body, "the channel refused the charge");
-                let detail = "the payment channel refused the charge; nothing was charged";
-                Problem::new(422, "channel_refused", "Refused by the channel", detail)
+                Problem::channel_refused()
             }
             Self::NotOurs => {
                 tracing::warn!(request_no = %i.request_no, "the channel holds another payment's charge under this number");
-                let detail = format!("request_no {} is already used by another payment", i.request_no);
-                Problem::new(409, "request_no_conflict", "Request number in use", &detail)
+                Problem::request_no_conflict(&i.request_no)
             }
         };
         Err(Interrupt::Failed(answer.into_failure()))

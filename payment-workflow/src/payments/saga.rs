@@ -35,11 +35,6 @@ impl PaymentSaga {
     }
 }
 
-/// The answer to a payment whose workflow failed without one (an engine failure, a compensation's).
-pub(crate) fn payment_failed() -> Problem {
-    Problem::new(502, "payment_failed", "Payment failed", "the payment could not be completed")
-}
-
 impl<S: PaymentStore> Workflow<S> for PaymentSaga {
     const NAME: &'static str = "payment";
     type Input = PaymentInput;
@@ -145,7 +140,10 @@ impl<S: PaymentStore> Workflow<S> for PaymentSaga {
                 }
                 let declined = failure.code == "payment_declined";
                 let status = if declined { PaymentStatus::Declined } else { PaymentStatus::Failed };
-                let code = Problem::of_failure(failure).and_then(|answer| answer.decline_code);
+                // A decline keeps the channel's reason; a failure, the code of its answer (what store_response
+                // stores), from which the answer is rebuilt once the token is gone.
+                let answer = Problem::of_failure(failure).unwrap_or_else(Problem::payment_failed);
+                let code = if declined { answer.decline_code } else { Some(answer.code) };
                 let (tenant, request_no, token) = (i.tenant.clone(), i.request_no.clone(), i.token.clone());
                 ctx.transactional("fail_record", move |c| -> BoxFuture<'_, _> {
                     Box::pin(async move {
@@ -159,7 +157,7 @@ impl<S: PaymentStore> Workflow<S> for PaymentSaga {
                 if !wrote {
                     return Ok(());
                 }
-                let response = Problem::of_failure(failure).unwrap_or_else(payment_failed).response();
+                let response = Problem::of_failure(failure).unwrap_or_else(Problem::payment_failed).response();
                 let token = i.token.clone();
                 ctx.transactional("store_response", move |c| -> BoxFuture<'_, _> {
                     Box::pin(async move {
@@ -222,42 +220,33 @@ async fn keep_charge<S: PaymentStore>(
 
 /// The answer to a payment whose order was not reserved (`None`: its `request_no` is another payment's), and
 /// whether the payment's record is its own (inserted by it) to mark `failed`.
-fn rejection(i: &PaymentInput, reserve: Option<Reserve>) -> (bool, StoredResponse) {
-    let answer = |status, code, title, detail: &str| Problem::new(status, code, title, detail).response();
+fn rejection(i: &PaymentInput, reserve: Option<Reserve>) -> (bool, Problem) {
     match reserve {
-        None => {
-            let detail = format!("request_no {} is already used by another payment", i.request_no);
-            (false, answer(409, "request_no_conflict", "Request number in use", &detail))
-        }
-        Some(Reserve::NotFound) => {
-            let detail = format!("order {} does not exist", i.order_no);
-            (true, answer(404, "order_not_found", "Order not found", &detail))
-        }
-        Some(Reserve::Mismatch) => {
-            (true, answer(422, "amount_mismatch", "Amount mismatch", "amount or currency differ from the order's"))
-        }
-        Some(Reserve::NotPayable | Reserve::Reserved) => {
-            let detail = format!("order {} is paid or has a payment in flight", i.order_no);
-            (true, answer(409, "order_not_payable", "Order not payable", &detail))
-        }
+        None => (false, Problem::request_no_conflict(&i.request_no)),
+        Some(Reserve::NotFound) => (true, Problem::order_not_found(&i.order_no)),
+        Some(Reserve::Mismatch) => (true, Problem::amount_mismatch()),
+        Some(Reserve::NotPayable | Reserve::Reserved) => (true, Problem::order_not_payable(&i.order_no)),
     }
 }
 
-/// A rejection decided before the channel: stored on the token (and on the record when it is ours), replayed.
+/// A rejection decided before the channel: stored on the token (and on the record when it is ours, with the
+/// answer's code, which rebuilds the answer once the token is gone), replayed.
 async fn reject<S: PaymentStore>(
     ctx: &mut WorkflowContext<S>,
     i: &PaymentInput,
     record_is_ours: bool,
-    response: StoredResponse,
+    answer: Problem,
 ) -> Result<StoredResponse, Interrupt> {
     let now = ctx.now_ms();
     let (tenant, request_no, token) = (i.tenant.clone(), i.request_no.clone(), i.token.clone());
+    let response = answer.response();
     let stored = response.clone();
+    let code = answer.code;
     ctx.transactional("reject", move |c| -> BoxFuture<'_, _> {
         Box::pin(async move {
             if record_is_ours {
                 let (failed, ours) = (PaymentStatus::Failed, token.clone());
-                S::fail_payment(&mut *c, tenant, request_no, ours, failed, None, now).await?;
+                S::fail_payment(&mut *c, tenant, request_no, ours, failed, Some(code), now).await?;
             }
             S::complete_token(&mut *c, token, i32::from(stored.status), stored.body, now).await?;
             Ok(())

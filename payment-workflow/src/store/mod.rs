@@ -124,15 +124,17 @@ pub trait PaymentStore: Store {
         now: i64,
     ) -> Sql<'c, bool>;
 
-    /// Sets the status (and decline code) of this payment's record — the tenant's `request_no` inserted under
-    /// `token` — while it is `processing`: never another payment's record, never a final one.
+    /// Sets the status of this payment's record — the tenant's `request_no` inserted under `token` — while it is
+    /// `processing`: never another payment's record, never a final one. `code`: of a `declined` payment, the
+    /// channel's decline code (`decline_code`); of a `failed` one, its answer's problem code (`failure_code`),
+    /// from which that answer is rebuilt once its token is gone.
     fn fail_payment<'c>(
         conn: &'c mut Conn<Self>,
         tenant: String,
         request_no: RequestNo,
         token: Token,
         status: PaymentStatus,
-        decline_code: Option<String>,
+        code: Option<String>,
         now: i64,
     ) -> Sql<'c, ()>;
 

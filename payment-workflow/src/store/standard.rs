@@ -150,12 +150,14 @@ where
         request_no: RequestNo,
         token: Token,
         status: PaymentStatus,
-        decline_code: Option<String>,
+        code: Option<String>,
         now: i64,
     ) -> Sql<'c, ()> {
+        let (decline_code, failure_code) = if status == PaymentStatus::Declined { (code, None) } else { (None, code) };
         Box::pin(async move {
             sqlx::query(
-                "UPDATE payments SET status = $3, decline_code = COALESCE($4, decline_code), updated_at = $5 \
+                "UPDATE payments SET status = $3, decline_code = COALESCE($4, decline_code), \
+                 failure_code = COALESCE($7, failure_code), updated_at = $5 \
                  WHERE tenant = $1 AND request_no = $2 AND token = $6 AND status = 'processing'",
             )
             .bind(tenant)
@@ -164,6 +166,7 @@ where
             .bind(decline_code)
             .bind(now)
             .bind(token)
+            .bind(failure_code)
             .execute(conn)
             .await?;
             Ok(())

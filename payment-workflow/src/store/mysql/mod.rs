@@ -92,10 +92,15 @@ impl PaymentStore for MySqlStore {
         request_no: RequestNo,
         token: Token,
         status: PaymentStatus,
-        decline_code: Option<String>,
+        code: Option<String>,
         now: i64,
     ) -> Sql<'c, ()> {
-        Box::pin(steps::set_payment_status(conn, tenant, request_no, token, status, None, decline_code, now))
+        let ended = if status == PaymentStatus::Declined {
+            steps::Ended { decline_code: code, ..steps::Ended::default() }
+        } else {
+            steps::Ended { failure_code: code, ..steps::Ended::default() }
+        };
+        Box::pin(steps::set_payment_status(conn, tenant, request_no, token, status, ended, now))
     }
 
     fn complete_token<'c>(
