@@ -205,6 +205,61 @@ async fn refund_ends_definitively(url: &str, mode: RefundMode) {
     assert!(found.is_empty(), "{found:?}");
 }
 
+on_every_backend!(a_compensation_failed_payment_has_a_way_out:
+    a_compensation_failed_payment_has_a_way_out_sqlite => sqlite,
+    a_compensation_failed_payment_has_a_way_out_postgres => postgres,
+    a_compensation_failed_payment_has_a_way_out_mysql => mysql,
+);
+
+/// Runs one statement on the database at `url` (`$1`-free SQL), from the test's own connection.
+async fn execute(url: &str, sql: &'static str) {
+    if url.starts_with("sqlite:") {
+        sqlx::query(sql).execute(&sqlx::SqlitePool::connect(url).await.unwrap()).await.unwrap();
+    } else if url.starts_with("mysql:") {
+        sqlx::query(sql).execute(&sqlx::MySqlPool::connect(url).await.unwrap()).await.unwrap();
+    } else {
+        sqlx::query(sql).execute(&sqlx::PgPool::connect(url).await.unwrap()).await.unwrap();
+    }
+}
+
+/// What is left of `compensation_failed` ends consistently by an operator's action. A channel that cannot close
+/// a number (`404`) leaves a cancel `compensation_failed` with the payment resting as it was (order `paying` under
+/// it, record `processing`, token `in_use`): the invariants report the order left paying, and no dead end. Once the
+/// channel closes numbers, the operator's retry ends it: the number is closed (the charge found), refunded, the
+/// order released. A payment undone in part (here: its order moved behind its back) is reported as a dead end.
+async fn a_compensation_failed_payment_has_a_way_out(url: &str) {
+    let channel = TestChannel::serve_closeless(Duration::from_millis(500)).await;
+    let app = common::start(url, http_channel(&channel), Auth::SingleTenant).await;
+    app.order("O-1", 1000).await;
+    let token = app.token().await;
+    assert_eq!(pay_in_background(&app, &token, body("O-1", 1000, "R-1")).await.status, 202);
+    let workflow_id = workflow_of(&token);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let cancel = app.post(&format!("/v1/workflows/{workflow_id}/cancel"), json!({})).await;
+    assert_eq!(cancel.status, 200, "{}", cancel.text);
+    let view = final_view(&app, &workflow_id, Duration::from_secs(10)).await;
+    assert_eq!(view["workflow"]["state"], "compensation_failed", "{view}");
+    until("the held charge landed", Duration::from_secs(5), || channel.charges().len() == 1).await;
+    let found = violations(url, channel.ledger()).await;
+    assert!(found.iter().any(|v| v.contains("left paying")), "{found:?}");
+    assert!(!found.iter().any(|v| v.contains("no way out")), "retry is its way out: {found:?}");
+
+    execute(url, "UPDATE orders SET status = 'pending' WHERE order_no = 'O-1'").await;
+    let found = violations(url, channel.ledger()).await;
+    assert!(found.iter().any(|v| v.contains("no way out")), "an order moved behind its back: {found:?}");
+    execute(url, "UPDATE orders SET status = 'paying' WHERE order_no = 'O-1'").await;
+
+    channel.set_closeless(false);
+    let retry = app.post(&format!("/v1/workflows/{workflow_id}/retry"), json!({})).await;
+    assert_eq!(retry.status, 200, "{}", retry.text);
+    let view = final_view(&app, &workflow_id, Duration::from_secs(10)).await;
+    assert_eq!(view["workflow"]["state"], "cancelled", "{view}");
+    assert_eq!(order_status(&app, "O-1").await, "pending");
+    assert_eq!(channel.kept("default", "O-1"), 0, "{:?}", channel.charges());
+    let found = violations(url, channel.ledger()).await;
+    assert!(found.is_empty(), "{found:?}");
+}
+
 // ---- 2. Waiting on the channel, said and steered ------------------------------------------------------------
 
 on_every_backend!(a_cancel_meeting_a_processing_charge:

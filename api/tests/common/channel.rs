@@ -9,6 +9,7 @@
 //! ([`TestChannel::set_charge_mode`]).
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -95,7 +96,7 @@ pub struct TestChannel {
     hold: Duration,
     mixed: bool,
     busy: bool,
-    closeless: bool,
+    closeless: Arc<AtomicBool>,
     pub url: String,
 }
 
@@ -118,6 +119,7 @@ impl TestChannel {
     async fn serve_with(hold: Duration, mixed: bool, busy: bool, closeless: bool) -> Self {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
+        let closeless = Arc::new(AtomicBool::new(closeless));
         let channel = Self { book: Arc::default(), hold, mixed, busy, closeless, url };
         let app = Router::new()
             .route("/v1/charges", post(charge))
@@ -211,6 +213,11 @@ impl TestChannel {
         onceflow_payments::Ledger { charges, refunds, ..Default::default() }
     }
 
+    /// From now on, whether close is answered `404` (as by a channel predating it).
+    pub fn set_closeless(&self, closeless: bool) {
+        self.closeless.store(closeless, Ordering::SeqCst);
+    }
+
     /// Closes received.
     pub fn closes(&self) -> u64 {
         self.book.lock().unwrap().closes
@@ -289,7 +296,7 @@ async fn query(
 }
 
 async fn close(State(c): State<TestChannel>, Path(no): Path<String>, Json(req): Json<Value>) -> Response {
-    if c.closeless {
+    if c.closeless.load(Ordering::SeqCst) {
         return answer(404, json!({"error": "not_found"}));
     }
     let key = c.key(&text(&req, "merchant_id"), &no);

@@ -32,6 +32,11 @@ pub struct Order {
     pub status: OrderStatus,
     /// Incremented by every status change.
     pub version: i64,
+    /// The `request_no` of the payment that moved it to `paying` (and, once confirmed, `paid`), which alone may
+    /// move it on; `None` for an order never reserved.
+    #[serde(skip)]
+    #[sqlx(default)]
+    pub reserved_by: Option<String>,
     /// Creation time (ms since the epoch).
     #[serde(skip)]
     pub created_at: i64,
