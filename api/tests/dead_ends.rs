@@ -634,3 +634,68 @@ async fn leases_by_the_databases_clock<S: PaymentStore>(a: S, b: S, c: S) {
     a.engine().shutdown(Duration::from_millis(100)).await.unwrap();
     c.engine().shutdown(Duration::from_millis(100)).await.unwrap();
 }
+
+// ---- Crashes ----------------------------------------------------------------------------------------------
+
+/// `onceflow serve` on `url` charging through `channel` (1 s leases), and its base URL.
+async fn serve(url: &str, channel: &TestChannel) -> (std::process::Child, String) {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let listen = format!("127.0.0.1:{port}");
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_onceflow"))
+        .args(["serve", "--listen", &listen, "--database-url", url, "--channel-url", &channel.url])
+        .args(["--lease-ms", "1000"])
+        .env("RUST_LOG", "error")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start onceflow serve");
+    let base = format!("http://{listen}");
+    let started = Instant::now();
+    while !reqwest::get(format!("{base}/readyz")).await.is_ok_and(|r| r.status().is_success()) {
+        assert!(started.elapsed() < Duration::from_secs(30), "serve did not come up");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    (child, base)
+}
+
+on_every_backend!(a_crash_between_a_failed_refund_and_its_roll_forward:
+    a_crash_between_a_failed_refund_and_its_roll_forward_sqlite => sqlite,
+    a_crash_between_a_failed_refund_and_its_roll_forward_postgres => postgres,
+    a_crash_between_a_failed_refund_and_its_roll_forward_mysql => mysql,
+);
+
+/// A cancel's compensation asks for the refund; the channel records it `failed` and holds its reply; the serving
+/// process is SIGKILLed meanwhile. Another process resumes the compensation: it closes the number (charged),
+/// asks for the same refund again (the same number: one refund at the channel), hears `failed`, and rolls the
+/// payment forward — once.
+async fn a_crash_between_a_failed_refund_and_its_roll_forward(url: &str) {
+    let channel = TestChannel::serve(Duration::ZERO, false).await;
+    channel.set_charge_mode(ChargeMode::Processing);
+    let (mut first, base) = serve(url, &channel).await;
+    let app = App { base, client: reqwest::Client::new(), key: None };
+    app.order("O-1", 1000).await;
+    let token = app.token().await;
+    assert_eq!(pay_in_background(&app, &token, body("O-1", 1000, "R-1")).await.status, 202);
+    until("the charge reached the channel", Duration::from_secs(10), || channel.charges().len() == 1).await;
+    let workflow_id = workflow_of(&token);
+    let cancel = app.post(&format!("/v1/workflows/{workflow_id}/cancel"), json!({})).await;
+    assert_eq!(cancel.status, 200, "{}", cancel.text);
+    channel.set_refund_mode(RefundMode::Fail);
+    channel.set_refund_hold(Duration::from_secs(2));
+    channel.settle_charges("succeeded");
+    until("the refund was recorded", Duration::from_secs(15), || channel.refunds().len() == 1).await;
+    first.kill().expect("SIGKILL");
+    first.wait().unwrap();
+
+    let (mut second, base) = serve(url, &channel).await;
+    let app = App { base, client: reqwest::Client::new(), key: None };
+    let view = final_view(&app, &workflow_id, Duration::from_secs(20)).await;
+    second.kill().unwrap();
+    second.wait().unwrap();
+    assert_eq!(view["workflow"]["state"], "completed", "{view}");
+    assert_eq!(view["workflow"]["error"]["code"], "kept_after_failed_refund", "{view}");
+    assert_eq!(channel.refunds().len(), 1, "the same refund asked again: {:?}", channel.refunds());
+    assert_eq!(channel.kept("default", "O-1"), 1);
+    let found = violations(url, channel.ledger()).await;
+    assert!(found.is_empty(), "{found:?}");
+}

@@ -82,6 +82,7 @@ struct Book {
     closed: HashSet<(String, String)>,
     refunds: HashMap<(String, String), Value>,
     refund_mode: RefundMode,
+    refund_hold: Duration,
     charge_mode: ChargeMode,
     in_flight: HashSet<(String, String)>,
     next: u64,
@@ -150,6 +151,12 @@ impl TestChannel {
     /// From now on, new refund requests are answered as `mode` says.
     pub fn set_refund_mode(&self, mode: RefundMode) {
         self.book.lock().unwrap().refund_mode = mode;
+    }
+
+    /// From now on, every refund reply is held this long after the refund is recorded (a reply in flight when the
+    /// asker dies).
+    pub fn set_refund_hold(&self, hold: Duration) {
+        self.book.lock().unwrap().refund_hold = hold;
     }
 
     /// From now on, new charges are answered as `mode` says.
@@ -310,8 +317,22 @@ async fn close(State(c): State<TestChannel>, Path(no): Path<String>, Json(req): 
 }
 
 async fn refund(State(c): State<TestChannel>, Json(req): Json<Value>) -> Response {
-    let refund_key = c.key(&text(&req, "merchant_id"), &text(&req, "merchant_refund_no"));
-    let charge_key = c.key(&text(&req, "merchant_id"), &text(&req, "merchant_request_no"));
+    let (answer, hold) = refund_recorded(&c, &req);
+    if !hold.is_zero() {
+        tokio::time::sleep(hold).await;
+    }
+    answer
+}
+
+/// A refund request's answer, recorded, and how long to hold the reply.
+fn refund_recorded(c: &TestChannel, req: &Value) -> (Response, Duration) {
+    let hold = c.book.lock().unwrap().refund_hold;
+    (refund_answer(c, req), hold)
+}
+
+fn refund_answer(c: &TestChannel, req: &Value) -> Response {
+    let refund_key = c.key(&text(req, "merchant_id"), &text(req, "merchant_refund_no"));
+    let charge_key = c.key(&text(req, "merchant_id"), &text(req, "merchant_request_no"));
     let amount = req["amount"].as_i64().unwrap_or(0);
     let mut book = c.book.lock().unwrap();
     let mode = book.refund_mode;
@@ -345,8 +366,8 @@ async fn refund(State(c): State<TestChannel>, Json(req): Json<Value>) -> Respons
     };
     book.next += 1;
     let done = json!({
-        "merchant_id": text(&req, "merchant_id"), "merchant_refund_no": text(&req, "merchant_refund_no"),
-        "merchant_request_no": text(&req, "merchant_request_no"), "refund_id": format!("tr_{}_{}", charge_id, book.next),
+        "merchant_id": text(req, "merchant_id"), "merchant_refund_no": text(req, "merchant_refund_no"),
+        "merchant_request_no": text(req, "merchant_request_no"), "refund_id": format!("tr_{}_{}", charge_id, book.next),
         "amount": amount, "status": status,
     });
     if status == "succeeded" {
