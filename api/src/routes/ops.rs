@@ -219,7 +219,7 @@ pub struct QueryChannelBody {
     pub workflow: WorkflowDetail,
 }
 
-/// An operator action's body: none, or `{"reason": "..."}` as JSON.
+/// An operator action's body: none (or `null`), or `{"reason": "..."}` as JSON.
 fn action_body(headers: &HeaderMap, body: &Bytes) -> Result<OperatorActionBody, ApiError> {
     if body.is_empty() {
         return Ok(OperatorActionBody::default());
@@ -231,8 +231,10 @@ fn action_body(headers: &HeaderMap, body: &Bytes) -> Result<OperatorActionBody, 
     if !json {
         return Err(crate::extract::unsupported_media_type());
     }
-    let action: OperatorActionBody =
+    // `null` is no body, as the document's optional body says.
+    let action: Option<OperatorActionBody> =
         serde_json::from_slice(body).map_err(|e| ApiError::invalid(format!("invalid body: {e}")))?;
+    let action = action.unwrap_or_default();
     if action.reason.as_ref().is_some_and(|r| r.chars().count() > 500) {
         return Err(ApiError::invalid("reason is at most 500 characters"));
     }
