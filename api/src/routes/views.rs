@@ -50,7 +50,9 @@ pub struct WorkflowBody {
     /// When it was created (RFC 3339).
     #[schema(format = DateTime)]
     pub created_at: String,
-    /// Why it failed: the JSON value stored (an older plain message stays a string); null while it has not.
+    /// Why it failed: the JSON value stored (an older plain message stays a string); null while it has not. On a
+    /// `completed` workflow, an exception for operators: a compensation could not undo its step and the workflow
+    /// rolled forward instead (a payment's `kept_after_failed_refund`: the charge kept, the payment succeeded).
     pub error: Value,
     /// Its input; a payment's idempotency token is shown as `***`.
     pub input: Value,
