@@ -384,7 +384,8 @@ enum Holder {
 }
 
 impl Holder {
-    /// Holds `token`'s row (SQLite: the whole database's write lock) until [`Holder::release`].
+    /// Holds `token`'s row (Postgres: the tokens' table; SQLite: the whole database's write lock) until
+    /// [`Holder::release`].
     async fn hold(url: &str, token: &str) -> Self {
         if url.starts_with("sqlite:") {
             let mut conn = sqlx::SqlitePool::connect(url).await.unwrap().acquire().await.unwrap();
@@ -397,10 +398,11 @@ impl Holder {
             q.execute(&mut *conn).await.unwrap();
             Self::MySql(conn)
         } else {
+            // The table, not the row: an UPDATE whose condition does not hold of the row (another tenant's
+            // token) would pass a row lock by.
+            let _ = token;
             let mut conn = sqlx::PgPool::connect(url).await.unwrap().acquire().await.unwrap();
-            sqlx::raw_sql("BEGIN").execute(&mut *conn).await.unwrap();
-            let q = sqlx::query("SELECT token FROM idempotency_tokens WHERE token = $1 FOR UPDATE").bind(token);
-            q.execute(&mut *conn).await.unwrap();
+            sqlx::raw_sql("BEGIN; LOCK TABLE idempotency_tokens IN SHARE MODE").execute(&mut *conn).await.unwrap();
             Self::Postgres(conn)
         }
     }
@@ -437,6 +439,43 @@ async fn one_token_two_bodies(url: &str) {
     assert_eq!((b.status, &b.text), (again.status, &again.text), "B answered twice, differently");
     assert_eq!(b.status, 201, "{}", b.text);
     assert_eq!(channel.kept("default", "O-1"), 1);
+    let found = violations(url, channel.ledger()).await;
+    assert!(found.is_empty(), "{found:?}");
+}
+
+on_every_backend!(another_tenants_token_in_flight:
+    another_tenant_holding_a_token_cannot_make_its_requests_fail_sqlite => sqlite,
+    another_tenant_holding_a_token_cannot_make_its_requests_fail_postgres => postgres,
+    another_tenant_holding_a_token_cannot_make_its_requests_fail_mysql => mysql,
+);
+
+/// A tenant presenting another tenant's token (held in its first phase) while that tenant's own request under it
+/// arrives: the owner's request is not answered `422` because of the intruder's run; it pays. The intruder's is
+/// `404 token_not_found`, before and after.
+async fn another_tenants_token_in_flight(url: &str) {
+    const GLOBEX: &str = "key-of-tenant-globex";
+    let channel = TestChannel::serve(Duration::ZERO, false).await;
+    let auth = Auth::keys(vec![("acme".into(), ACME.into()), ("globex".into(), GLOBEX.into())]);
+    let acme = Arc::new(common::start(url, http_channel(&channel), auth).await.with_key(ACME));
+    let globex = Arc::new(App { base: acme.base.clone(), client: reqwest::Client::new(), key: Some(GLOBEX.into()) });
+    acme.order("O-1", 1000).await;
+    globex.order("O-1", 1000).await;
+    let token = acme.token().await;
+    let holder = Holder::hold(url, &token).await;
+    let (intruder, t) = (globex.clone(), token.clone());
+    let intruding = tokio::spawn(async move { intruder.pay(&t, body("O-1", 1000, "R-G")).await });
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let (owner, t) = (acme.clone(), token.clone());
+    let owned = tokio::spawn(async move { owner.pay(&t, body("O-1", 1000, "R-A")).await });
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    holder.release().await;
+    let (intruding, owned) = (intruding.await.unwrap(), owned.await.unwrap());
+    intruding.assert_problem(404, "token_not_found");
+    assert_eq!(owned.status, 201, "{}", owned.text);
+    let again = acme.pay(&token, body("O-1", 1000, "R-A")).await;
+    assert_eq!(again.text, owned.text);
+    globex.pay(&token, body("O-1", 1000, "R-G")).await.assert_problem(404, "token_not_found");
+    assert_eq!((channel.kept("acme", "O-1"), channel.kept("globex", "O-1")), (1, 0));
     let found = violations(url, channel.ledger()).await;
     assert!(found.is_empty(), "{found:?}");
 }
