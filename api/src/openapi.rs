@@ -47,6 +47,7 @@ use crate::state::AppState;
         search::search,
         unresolved::unresolved,
         whoami::whoami,
+        ops::query_channel,
         ops::healthz,
         ops::readyz,
         ops::metrics,

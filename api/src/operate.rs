@@ -110,10 +110,10 @@ fn block(out: &mut String, heading: &str, value: &Value) {
     }
 }
 
-/// `workflows show`: the workflow's fields, its input, output and error, its steps (each with its output or
-/// error) and its compensations.
+/// `workflows show`: the workflow's fields, what it waits for (while it does), its input, output and error, its
+/// steps (each with its output or error), its compensations and its audit log.
 fn shown(view: WorkflowView, audit: Vec<AuditRecord>) -> String {
-    let WorkflowDetail { workflow: w, steps, compensations, .. } = view.into();
+    let WorkflowDetail { workflow: w, steps, compensations, waiting_for, .. } = view.into();
     let mut out = String::new();
     for (label, value) in [
         ("workflow", Some(w.workflow_id)),
@@ -128,6 +128,12 @@ fn shown(view: WorkflowView, audit: Vec<AuditRecord>) -> String {
         if let Some(value) = value {
             out.push_str(&format!("{label:<10}{value}\n"));
         }
+    }
+    if let Some(wait) = waiting_for {
+        out.push_str(&format!(
+            "\nwaiting for {} ({}, {} attempts since {}; next try {}, or now with query-channel)\n  {}\n",
+            wait.step_key, wait.status, wait.attempts, wait.since, wait.next_attempt_at, wait.reason
+        ));
     }
     for (key, value) in [("input", &w.input), ("output", &w.output), ("error", &w.error)] {
         block(&mut out, &format!("\n{key}"), value);

@@ -1,10 +1,13 @@
 //! The chaos run: three `onceflow serve` processes and one `onceflow worker` on one Postgres (and again on one
 //! MySQL), a mock channel with every fault on, a load
 //! client sending payments (a third of them duplicated, concurrently, under the same token) to random
-//! processes, and a killer that SIGKILLs a random process every few seconds and restarts it. Afterwards it
+//! processes, and a killer that SIGKILLs a random process every few seconds and restarts it. An operator cancels
+//! one payment in seven shortly after it is sent (the channel fails, holds or loses the reply of a share of the
+//! refunds that follow), and asks the channel now (`query-channel`) for whatever is compensating. Afterwards it
 //! waits for recovery and checks, from the channel's ledger and the database: at most one kept charge per
 //! order, every order paid exactly when charged, every duplicate answered like its original, nothing left
-//! `paying`/`processing`, every accepted request final. Bounded in time and requests; loopback only.
+//! `paying`/`processing`, every accepted request final, no payment left with no way out. Bounded in time and
+//! requests; loopback only.
 //!
 //! CI runs a short form. The long form:
 //! `ONCEFLOW_CHAOS_SECS=300 ONCEFLOW_CHAOS_KILL_MS=2500 DATABASE_URL=postgres://… cargo test --release -p onceflow-api --test chaos -- --nocapture`
@@ -75,6 +78,7 @@ struct Tally {
     requests: AtomicU64,
     duplicates: AtomicU64,
     retries: AtomicU64,
+    cancels: AtomicU64,
     kills: AtomicU64,
     violations: Mutex<Vec<String>>,
     /// Final answers per token, as each request finally got them.
@@ -106,8 +110,14 @@ async fn pay_until_final(fleet: &Fleet, client: &reqwest::Client, tally: &Tally,
         let Ok(response) = sent else { continue };
         let status = response.status().as_u16();
         let text = response.text().await.unwrap_or_default();
+        // A payment an operator cancelled answers `502 payment_failed`: final, stored, replayed.
+        let cancelled = status == 502 && text.contains("\"payment_failed\"");
         match status {
             201 | 402 | 409 | 422 => {
+                tally.answers.lock().await.entry(token.to_owned()).or_default().push((status, text));
+                return;
+            }
+            _ if cancelled => {
                 tally.answers.lock().await.entry(token.to_owned()).or_default().push((status, text));
                 return;
             }
@@ -116,6 +126,45 @@ async fn pay_until_final(fleet: &Fleet, client: &reqwest::Client, tally: &Tally,
                 tally.violations.lock().await.push(format!("token {token}: answered {other}: {text}"));
                 return;
             }
+        }
+    }
+}
+
+/// An operator cancels the payment `workflow_id` a moment after it was sent (through any live process): at any
+/// step of it, its charge perhaps in flight or its reply lost. A cancel that finds it ended is refused, which is
+/// fine.
+async fn cancel_soon(fleet: &Fleet, client: &reqwest::Client, tally: &Tally, workflow_id: &str, job: u64) {
+    tokio::time::sleep(Duration::from_millis(20 + job * 37 % 300)).await;
+    for attempt in 0..20u64 {
+        let base = fleet.base((job + attempt) as usize);
+        let sent = client.post(format!("{base}/v1/workflows/{workflow_id}/cancel")).send().await;
+        match sent.map(|r| r.status().as_u16()) {
+            Ok(200) => {
+                tally.cancels.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+            // Ended, or not there yet: nothing to cancel.
+            Ok(404 | 409) => return,
+            _ => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+}
+
+/// An operator asks the channel now, every half second, for every workflow that is compensating (through any
+/// live process): the wake claims it, finds it held by another process, or cuts a wait of its own short.
+async fn ask_the_channel(fleet: &Fleet, client: &reqwest::Client, stop: &AtomicBool) {
+    let mut round = 0usize;
+    while !stop.load(Ordering::Relaxed) {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        round += 1;
+        let base = fleet.base(round);
+        let Ok(page) = client.get(format!("{base}/v1/workflows?state=compensating&limit=20")).send().await else {
+            continue;
+        };
+        let Ok(page) = page.json::<serde_json::Value>().await else { continue };
+        for w in page["workflows"].as_array().into_iter().flatten() {
+            let id = w["workflow_id"].as_str().unwrap_or_default();
+            let _ = client.post(format!("{base}/v1/workflows/{id}/query-channel")).send().await;
         }
     }
 }
@@ -189,6 +238,11 @@ async fn chaos<S: PaymentStore>(db: String, store: S) {
         settle_ms: 300,
         seed: 42,
         hold_ms: 0,
+        // Refunds come only from cancels: a third fail (the payment rolls forward), some are held processing,
+        // some answered 500 after they were made.
+        refund_fail_rate: 0.3,
+        refund_processing_rate: 0.2,
+        refund_error_after_rate: 0.1,
         ..MockChannelConfig::default()
     });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -261,16 +315,26 @@ async fn chaos<S: PaymentStore>(db: String, store: S) {
                 let copies = if job % 3 == 0 { 3 } else { 1 };
                 tally.requests.fetch_add(copies, Ordering::Relaxed);
                 tally.duplicates.fetch_add(copies - 1, Ordering::Relaxed);
+                if job % 7 == 3 {
+                    let (fleet, client, tally) = (fleet.clone(), client.clone(), tally.clone());
+                    let workflow_id = onceflow_payments::payment_workflow_id(&Token::parse(token.as_str()).unwrap());
+                    tokio::spawn(async move { cancel_soon(&fleet, &client, &tally, &workflow_id, job).await });
+                }
                 let sends = (0..copies).map(|c| pay_until_final(&fleet, &client, &tally, &token, &order, job + c));
                 futures_join_all(sends).await;
             }
         }));
     }
+    let operator = {
+        let (fleet, client, stop) = (fleet.clone(), client.clone(), stop.clone());
+        tokio::spawn(async move { ask_the_channel(&fleet, &client, &stop).await })
+    };
     for c in clients {
         c.await.unwrap();
     }
     stop.store(true, Ordering::Relaxed);
     killer.await.unwrap();
+    operator.await.unwrap();
     for i in 0..PROCESSES {
         fleet.wait_up(&client, i).await;
     }
@@ -321,15 +385,17 @@ async fn chaos<S: PaymentStore>(db: String, store: S) {
     let charged = snapshot.charges.iter().filter(|c| c.status == onceflow_payments::ChargeStatus::Succeeded).count();
     let declined = snapshot.charges.iter().filter(|c| c.status == onceflow_payments::ChargeStatus::Declined).count();
     println!(
-        "chaos: {secs} s, {} payments, {} requests ({} duplicates, {} retries), {} kills, {} charge calls, \
-         {charged} succeeded charges, {declined} declined, {} refunds, {} violations",
+        "chaos: {secs} s, {} payments, {} requests ({} duplicates, {} retries), {} kills, {} cancels, {} charge \
+         calls, {charged} succeeded charges, {declined} declined, {} refunds ({} failed), {} violations",
         answers.len(),
         tally.requests.load(Ordering::Relaxed),
         tally.duplicates.load(Ordering::Relaxed),
         tally.retries.load(Ordering::Relaxed),
         tally.kills.load(Ordering::Relaxed),
+        tally.cancels.load(Ordering::Relaxed),
         snapshot.charge_calls,
         snapshot.refunds.len(),
+        snapshot.refunds.iter().filter(|r| r.status == onceflow_payments::RefundStatus::Failed).count(),
         violations.len(),
     );
     assert!(violations.is_empty(), "violations:\n{}", violations.join("\n"));

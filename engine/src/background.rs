@@ -6,7 +6,7 @@ use std::time::Duration;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::core::{Core, millis};
+use crate::core::Core;
 use crate::engine::Engine;
 use crate::error::Result;
 use crate::run::drive;
@@ -68,19 +68,16 @@ impl<S: Store> Engine<S> {
         if free == 0 {
             return Ok(0);
         }
-        let now = self.core.now();
-        let lease_until = now + millis(self.core.config.lease);
-        let claimed = self
-            .core
-            .store
-            .claim_due(&self.core.owner, now, lease_until, i64::try_from(free).unwrap_or(i64::MAX))
-            .await?;
+        let lease = self.core.lease();
+        let claimed =
+            self.core.store.claim_due(&self.core.owner, lease, i64::try_from(free).unwrap_or(i64::MAX)).await?;
         let count = claimed.len();
         for record in claimed {
             let Some(wf) = self.registry.get(record.name.as_str()).cloned() else {
                 tracing::warn!(workflow_id = %record.workflow_id, name = %record.name,
                     "no workflow type of this name is registered here; leaving it to another process");
-                self.core.store.release(&record.workflow_id, record.lease_epoch, lease_until, now).await?;
+                let later = lease.now + lease.length_ms;
+                self.core.store.release(&record.workflow_id, record.lease_epoch, later, lease.now).await?;
                 continue;
             };
             tracing::info!(workflow_id = %record.workflow_id, state = %record.state, "resuming workflow");

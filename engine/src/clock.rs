@@ -8,6 +8,16 @@ use std::time::{SystemTime, UNIX_EPOCH};
 pub trait Clock: Send + Sync + 'static {
     /// Now, in milliseconds since the Unix epoch.
     fn now_ms(&self) -> i64;
+
+    /// Whether the database's clock judges leases rather than this one (`true` unless a clock says otherwise).
+    /// A lease is shared by every process on the database; judged by each process's own clock, one whose clock
+    /// ran ahead by more than a lease would take every live workflow of the others, and one whose clock ran
+    /// behind would lose its own. So the database's clock (Postgres `clock_timestamp()`, MySQL `NOW(3)`, SQLite
+    /// the clock of its one process) decides when a lease ends. A clock the database cannot see — a manual
+    /// clock that tests move past a lease — judges its own leases.
+    fn leases_by_database(&self) -> bool {
+        true
+    }
 }
 
 /// The system's wall clock.
@@ -42,5 +52,10 @@ impl ManualClock {
 impl Clock for ManualClock {
     fn now_ms(&self) -> i64 {
         self.0.load(Ordering::SeqCst)
+    }
+
+    /// The database cannot see this clock: leases are judged by it, so that moving it expires them.
+    fn leases_by_database(&self) -> bool {
+        false
     }
 }

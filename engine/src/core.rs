@@ -6,14 +6,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use tokio::sync::{OnceCell, oneshot, watch};
+use tokio::sync::{Notify, OnceCell, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::clock::Clock;
 use crate::config::EngineConfig;
 use crate::error::{Error, Result, TRANSIENT_RETRY_MS, is_transient};
 use crate::outcome::Outcome;
-use crate::store::Store;
+use crate::store::{Lease, Store};
 
 /// How a start learns whether its workflow was recorded: `Ok(true)` recorded by this start, `Ok(false)` the
 /// id was recorded by another start first.
@@ -42,6 +42,9 @@ pub(crate) struct Driven {
     pub(crate) run: u64,
     /// Its input hash, which a start of the same id attaches by.
     pub(crate) input_hash: String,
+    /// Told by [`crate::Engine::wake`]: the run's wait before its next attempt ends at once (a wake while no wait
+    /// is under way ends the next one).
+    pub(crate) woken: Arc<Notify>,
 }
 
 /// What every running workflow of one engine shares.
@@ -92,8 +95,7 @@ impl<S: Store> Core<S> {
         }
         let mut tries = 0;
         loop {
-            let now = self.now();
-            match self.store.heartbeat(&self.owner, &ids, now + millis(self.config.lease), now).await {
+            match self.store.heartbeat(&self.owner, &ids, self.lease()).await {
                 // A pool that timed out is as passing as a deadlock: the lease is lost if this gives up.
                 Err(Error::Database(e))
                     if (is_transient(&e) || matches!(e, sqlx::Error::PoolTimedOut)) && tries < 3 =>
@@ -110,6 +112,12 @@ impl<S: Store> Core<S> {
         self.clock.now_ms()
     }
 
+    /// A lease of the configured length from now, judged by the database's clock unless the engine's clock says
+    /// it judges its own (see [`Clock::leases_by_database`]).
+    pub(crate) fn lease(&self) -> Lease {
+        Lease { now: self.now(), length_ms: millis(self.config.lease), by_database: self.clock.leases_by_database() }
+    }
+
     pub(crate) fn running(&self) -> std::sync::MutexGuard<'_, HashMap<String, Driven>> {
         self.running.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -122,8 +130,14 @@ impl<S: Store> Core<S> {
         hash: &str,
     ) -> u64 {
         let run = next_run.fetch_add(1, Ordering::Relaxed);
-        running.insert(workflow_id.to_owned(), Driven { run, input_hash: hash.to_owned() });
+        let woken = Arc::new(Notify::new());
+        running.insert(workflow_id.to_owned(), Driven { run, input_hash: hash.to_owned(), woken });
         run
+    }
+
+    /// The wake of the run that drives `workflow_id` here, if one does.
+    pub(crate) fn woken(&self, workflow_id: &str) -> Option<Arc<Notify>> {
+        self.running().get(workflow_id).map(|d| d.woken.clone())
     }
 
     /// Run `run` of `workflow_id` ended: the workflow is no longer driven here, unless a newer run drives it.
@@ -167,6 +181,14 @@ impl<S: Store> Drop for Subscription<S> {
                 waiters.remove(&self.workflow_id);
             }
         }
+    }
+}
+
+/// Until `woken` (if any) is told; forever without one.
+pub(crate) async fn woken(woken: Option<Arc<Notify>>) {
+    match woken {
+        Some(w) => w.notified().await,
+        None => std::future::pending().await,
     }
 }
 

@@ -20,6 +20,10 @@ use crate::run::drive;
 use crate::store::{Store, WorkflowRecord, WorkflowState};
 use crate::workflow::{ErasedWorkflow, Workflow};
 
+/// How often a start met by an unrecorded run of another input under its id looks again (besides hearing that
+/// run's end): its first commit records the id, and is announced to nobody.
+const UNRECORDED_POLL: Duration = Duration::from_millis(20);
+
 /// The workflow types an engine runs, by name.
 pub(crate) type Registry<S> = HashMap<&'static str, Arc<dyn ErasedWorkflow<S>>>;
 
@@ -134,7 +138,9 @@ impl<S: Store> Engine<S> {
 
     /// Starts workflow `W` under `workflow_id` and runs it in this process. Returns once the workflow is
     /// durably recorded (its first commit). A start of an id already recorded with the same input attaches to
-    /// it; with another input it is [`Error::Conflict`]. Two starts racing for one id both run the first
+    /// it; with another input it is [`Error::Conflict`] — decided by what is recorded: a start that meets a run
+    /// of another input in this process, not yet recorded, waits for that run to record the id or stop. Two
+    /// starts racing for one id both run the first
     /// phase's transactional steps; the one whose first commit finds the row already there rolls its phase
     /// back and attaches (so those steps must only touch the database, as every transactional step must).
     pub async fn start<W: Workflow<S>>(&self, workflow_id: &str, input: &W::Input) -> Result<Handle<S>> {
@@ -145,12 +151,29 @@ impl<S: Store> Engine<S> {
         if self.core.shutdown.is_cancelled() {
             return Err(Error::ShuttingDown);
         }
-        let run = {
-            let mut running = self.core.running();
-            if let Some(driven) = running.get(workflow_id) {
-                return self.attach_if_same(workflow_id, &hash, driven.input_hash == hash);
+        let run = loop {
+            {
+                let mut running = self.core.running();
+                match running.get(workflow_id) {
+                    Some(driven) if driven.input_hash == hash => {
+                        return Ok(self.handle(workflow_id, &hash, true, None));
+                    }
+                    Some(_) => {}
+                    None => break Core::<S>::drive_here(&mut running, &self.core.next_run, workflow_id, &hash),
+                }
             }
-            Core::<S>::drive_here(&mut running, &self.core.next_run, workflow_id, &hash)
+            // A run of this process drives another input under the id. The id is that input's only once recorded:
+            // until its first commit the run may yet be refused (an unknown order, a token that is not its
+            // tenant's) and record nothing, and then this start is the one to run. A conflict decided now would be
+            // an answer made up by a concurrent request — and not the answer once that request is gone.
+            if self.core.shutdown.is_cancelled() {
+                return Err(Error::ShuttingDown);
+            }
+            let mut ended = self.core.subscribe(workflow_id);
+            if let Some(existing) = self.core.store.workflow(workflow_id).await? {
+                return self.attach_if_same(workflow_id, &hash, existing.input_hash == hash);
+            }
+            let _ = tokio::time::timeout(UNRECORDED_POLL, ended.rx.changed()).await;
         };
         let now = self.core.now();
         let record = WorkflowRecord {

@@ -164,6 +164,18 @@ pub enum Interrupt {
     /// The database failed; the workflow is released and retried later.
     #[error(transparent)]
     Engine(#[from] Error),
+    /// Returned by a compensation that cannot undo its forward step's effect and ends the workflow by rolling it
+    /// forward instead: the compensations after it do not run, the phase it left open (its own transactional
+    /// steps, which made the effect the workflow's result) commits with the workflow's end, and the workflow ends
+    /// `completed` with `output`, keeping `exception` (what could not be undone, and why it was kept) as its
+    /// error, for operators. Only from [`crate::Workflow::compensate`]; a body that returns it completes alike.
+    #[error("rolled forward: {exception}")]
+    RolledForward {
+        /// The workflow's output, as its body would have returned it.
+        output: Value,
+        /// Why the workflow rolled forward, kept as its error.
+        exception: Failure,
+    },
 }
 
 /// `f` as stored in a workflow's or step's `error` column.

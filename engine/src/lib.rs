@@ -89,7 +89,7 @@ pub use context::WorkflowContext;
 pub use counts::WorkflowCounts;
 pub use engine::{Engine, EngineBuilder, Handle};
 pub use error::{Error, Failure, Interrupt, Result, StepError};
-pub use ops::{MAX_LIST, WorkflowView};
+pub use ops::{MAX_LIST, Woken, WorkflowView};
 pub use outcome::Outcome;
 pub use retry::RetryPolicy;
 pub use step::{Attempt, BoxFuture, Previous, StepSpec, step};

@@ -1,11 +1,15 @@
-//! Operator actions on workflows: reading one with its steps, listing, retrying, cancelling.
+//! Operator actions on workflows: reading one with its steps (and what it waits for), listing, retrying,
+//! cancelling, waking.
 
 use serde::Serialize;
 
+use crate::core::Core;
 use crate::engine::Engine;
 use crate::error::{CANCELLED_CODE, Error, Failure, Result, failure_json};
+use crate::run::{COMPENSATION_PREFIX, drive};
 use crate::store::{
-    CompensationRecord, CompensationStatus, Reopen, StepRecord, Store, WorkflowFilter, WorkflowRecord, WorkflowState,
+    CompensationRecord, CompensationStatus, Reopen, StepKind, StepRecord, StepStatus, Store, WorkflowFilter,
+    WorkflowRecord, WorkflowState,
 };
 
 /// The most rows one [`Engine::list`] reads.
@@ -20,6 +24,41 @@ pub struct WorkflowView {
     pub steps: Vec<StepRecord>,
     /// Its registered compensations.
     pub compensations: Vec<CompensationRecord>,
+}
+
+impl WorkflowView {
+    /// The external step an unfinished workflow waits on, if any: a call in flight (`started`, or its process
+    /// stopped during it: the next attempt finds its outcome out first), one whose outcome is still to be found
+    /// out (`unknown`: a timeout, a `processing` answer) or one to be tried again (`retrying`) — its `error` says
+    /// why. A compensating workflow waits on its compensations' steps only (the forward call it interrupted is
+    /// theirs to settle). The latest such step when several are.
+    pub fn waiting_for(&self) -> Option<&StepRecord> {
+        if self.workflow.state.is_final() {
+            return None;
+        }
+        let compensating = self.workflow.state == WorkflowState::Compensating;
+        self.steps
+            .iter()
+            .filter(|s| s.kind == StepKind::External)
+            .filter(|s| matches!(s.status, StepStatus::Started | StepStatus::Unknown | StepStatus::Retrying))
+            .filter(|s| !compensating || s.step_key.starts_with(COMPENSATION_PREFIX))
+            .max_by_key(|s| (s.started_at, s.step_key.clone()))
+    }
+}
+
+/// What [`Engine::wake`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Woken {
+    /// A run of this process drives the workflow: its wait before the next attempt ends now (or, during a
+    /// call, the wait after it).
+    Running,
+    /// Claimed by this process and run now.
+    Claimed,
+    /// Another live process holds its lease and runs it: nothing is taken from it (that would fence its run
+    /// and ask the channel twice). A run waits in-process only up to `max_inline_wait`, and releases the
+    /// workflow for longer waits, so its next attempt comes soon; wake it again then.
+    HeldElsewhere,
 }
 
 impl<S: Store> Engine<S> {
@@ -77,6 +116,58 @@ impl<S: Store> Engine<S> {
             state: "changed".to_owned(),
             reason: "the workflow changed state meanwhile",
         })
+    }
+
+    /// Runs a running or compensating workflow now, whatever it waits for: "ask again now" (an operator's
+    /// `query-channel`; later, a signal from outside such as a channel's notification). A run of this process
+    /// that drives it has its wait cut short; a workflow no live process holds (released for a persisted wait,
+    /// or its lease ended, or its lease this process's own with no run here) is claimed and run here at once;
+    /// one another live process holds is left to it ([`Woken::HeldElsewhere`]). Its next attempt finds out what
+    /// its previous ones did before acting again, as after any wait.
+    pub async fn wake(&self, workflow_id: &str) -> Result<Woken> {
+        if let Some(woken) = self.core.woken(workflow_id) {
+            woken.notify_one();
+            return Ok(Woken::Running);
+        }
+        if self.core.shutdown.is_cancelled() {
+            return Err(Error::ShuttingDown);
+        }
+        let not_open = |record: &WorkflowRecord| Error::InvalidState {
+            workflow_id: workflow_id.to_owned(),
+            state: record.state.to_string(),
+            reason: "only running or compensating workflows can be woken",
+        };
+        let record =
+            self.core.store.workflow(workflow_id).await?.ok_or_else(|| Error::NotFound(workflow_id.to_owned()))?;
+        if record.state.is_final() {
+            return Err(not_open(&record));
+        }
+        let wf = self.registry.get(record.name.as_str()).cloned().ok_or(Error::UnknownWorkflowType(record.name))?;
+        match self.core.store.claim(workflow_id, &self.core.owner, self.core.lease()).await? {
+            Some(claimed) => {
+                tracing::info!(%workflow_id, state = %claimed.state, "workflow woken: run now");
+                let run = Core::<S>::drive_here(
+                    &mut self.core.running(),
+                    &self.core.next_run,
+                    workflow_id,
+                    &claimed.input_hash,
+                );
+                tokio::spawn(drive(self.core.clone(), wf, claimed, run, false, None));
+                Ok(Woken::Claimed)
+            }
+            None => {
+                // Claimed meanwhile by this process's own recovery loop, or ended.
+                if let Some(woken) = self.core.woken(workflow_id) {
+                    woken.notify_one();
+                    return Ok(Woken::Running);
+                }
+                match self.core.store.workflow(workflow_id).await? {
+                    Some(record) if record.state.is_final() => Err(not_open(&record)),
+                    Some(_) => Ok(Woken::HeldElsewhere),
+                    None => Err(Error::NotFound(workflow_id.to_owned())),
+                }
+            }
+        }
     }
 
     /// Cancels a running workflow: any current run is fenced out, the registered compensations run, and the

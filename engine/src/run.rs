@@ -13,6 +13,9 @@ use crate::outcome::Outcome;
 use crate::store::{CompensationStatus, StepStatus, Store, WorkflowRecord, WorkflowState, WorkflowUpdate};
 use crate::workflow::{Compensation, ErasedWorkflow};
 
+/// The key prefix of a compensation's steps: `compensate/<seq>/<step key>`.
+pub(crate) const COMPENSATION_PREFIX: &str = "compensate/";
+
 /// How many times a run replays a phase or commit undone by a transient error before releasing the workflow.
 const MAX_TRANSIENT_REPLAYS: u32 = 5;
 
@@ -121,7 +124,10 @@ async fn drive_until_stopped<S: Store>(
                     release(&mut ctx, until).await;
                     return None;
                 }
-                tokio::time::sleep(delay).await;
+                tokio::select! {
+                    () = tokio::time::sleep(delay) => {}
+                    () = crate::core::woken(core.woken(&id)) => {}
+                }
                 if ctx.recorded() {
                     // The body may have moved the workflow on (to compensating) before the retry.
                     match core.store.workflow(&id).await {
@@ -243,6 +249,9 @@ async fn run_once<S: Store>(
                 ctx.commit(finish(WorkflowState::Failed, None, Some(&failure), ctx.now_ms())).await?;
                 return Ok(Outcome::Failed(failure));
             }
+            Err(Interrupt::RolledForward { output, exception }) => {
+                return rolled_forward(ctx, output, exception).await;
+            }
             Err(other) => return Err(other),
         }
     } else {
@@ -269,7 +278,7 @@ async fn compensate<S: Store>(
             StepStatus::Completed => forward.output.as_deref().and_then(|o| serde_json::from_str(o).ok()),
             _ => None,
         };
-        ctx.set_prefix(format!("compensate/{}/", c.seq));
+        ctx.set_prefix(format!("{COMPENSATION_PREFIX}{}/", c.seq));
         let compensation = Compensation {
             step_key: c.step_key.clone(),
             name: c.name.clone(),
@@ -278,6 +287,19 @@ async fn compensate<S: Store>(
         };
         match wf.compensate(ctx, &compensation, &failure).await {
             Ok(()) => ctx.push_compensation_status(c.clone(), CompensationStatus::Done),
+            Err(Interrupt::RolledForward { output, mut exception }) => {
+                // Not undone: the compensation says so (`failed`), and the ones after it never run.
+                ctx.push_compensation_status(c.clone(), CompensationStatus::Failed);
+                ctx.set_prefix(String::new());
+                exception.details = json!({
+                    "details": exception.details,
+                    "failure": failure,
+                    "compensation": { "name": c.name, "step_key": c.step_key },
+                });
+                tracing::warn!(workflow_id = %ctx.workflow_id(), compensation = %c.name, code = %exception.code,
+                    "a compensation could not undo its step: the workflow rolled forward");
+                return rolled_forward(ctx, output, exception).await;
+            }
             Err(e @ (Interrupt::Failed(_) | Interrupt::Refused(_) | Interrupt::StepMismatch { .. })) => {
                 ctx.abort_phase().await;
                 ctx.push_compensation_status(c.clone(), CompensationStatus::Failed);
@@ -302,6 +324,18 @@ async fn compensate<S: Store>(
     let final_state = if cancelled { WorkflowState::Cancelled } else { WorkflowState::Failed };
     ctx.commit(finish(final_state, None, Some(&failure), ctx.now_ms())).await?;
     Ok(if cancelled { Outcome::Cancelled(failure) } else { Outcome::Failed(failure) })
+}
+
+/// Ends the workflow `completed` with `output`, keeping `exception` as its error (see
+/// [`Interrupt::RolledForward`]): the open phase commits with it.
+async fn rolled_forward<S: Store>(
+    ctx: &mut WorkflowContext<S>,
+    output: Value,
+    exception: Failure,
+) -> Result<Outcome, Interrupt> {
+    let text = serde_json::to_string(&output).map_err(|e| Interrupt::Engine(e.into()))?;
+    ctx.commit(finish(WorkflowState::Completed, Some(text), Some(&exception), ctx.now_ms())).await?;
+    Ok(Outcome::Completed(output))
 }
 
 /// The commit that moves a failed workflow on to its compensations.

@@ -80,7 +80,9 @@ def main():
             (f"tok{n}",),
         )
         c.execute(
-            "INSERT INTO payments VALUES ('default', ?, ?, 1000, 'CNY', 'processing', ?, NULL, NULL, 1, 1, 0, 0)",
+            "INSERT INTO payments (tenant, request_no, order_no, amount, currency, status, token, charge_id, "
+            "decline_code, created_at, updated_at) VALUES ('default', ?, ?, 1000, 'CNY', 'processing', ?, NULL, "
+            "NULL, 1, 1)",
             (f"r{n}", f"o{n}", f"tok{n}"),
         )
         c.execute(

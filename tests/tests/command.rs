@@ -129,8 +129,8 @@ async fn a_command_for_an_unknown_order_keeps_its_answer<S: TestDb + PaymentStor
 
 /// A command sent again once its answer and its history are deleted (past the response and the history
 /// retentions: a rerun job, a replay from a dead-letter queue) is still its own payment, never "another
-/// payment's number" and never a second charge: a charge and a decline answer the same bytes as before, and
-/// keep doing so.
+/// payment's number" and never a second charge: a charge, a decline and a failure (`order_not_payable`) answer the
+/// same bytes as before, and keep doing so.
 async fn a_command_sent_again_after_its_retention_is_its_own_payment<S: TestDb + PaymentStore>(store: S) {
     const HOUR: i64 = 3_600_000;
     let clock = ManualClock::new(1_700_000_000_000);
@@ -153,9 +153,11 @@ async fn a_command_sent_again_after_its_retention_is_its_own_payment<S: TestDb +
     assert_eq!(paid.status, 201, "{}", paid.body);
     let declined = d.pay_command(T, &request("O-2", 1000, Some("R-2")), WAIT).await.unwrap();
     assert_eq!((declined.status, code(&declined.body)), (402, "payment_declined".into()));
+    let refused = p.pay_command(T, &request("O-1", 1000, Some("R-3")), WAIT).await.unwrap();
+    assert_eq!((refused.status, code(&refused.body)), (409, "order_not_payable".into()));
     clock.advance(4 * HOUR);
     let pass = p.retention_pass(false).await.unwrap().unwrap();
-    assert_eq!((pass.used_tokens, pass.workflows), (2, 2), "{pass:?}");
+    assert_eq!((pass.used_tokens, pass.workflows), (3, 3), "{pass:?}");
     // Other fields under the numbers, arriving first: refused as such, never answered with the payments.
     p.create_order(T, &order_no("O-3"), 1000, &cny()).await.unwrap();
     for (order, amount, number) in [("O-3", 1000, "R-1"), ("O-1", 999, "R-1"), ("O-404", 1000, "R-2")] {
@@ -168,6 +170,8 @@ async fn a_command_sent_again_after_its_retention_is_its_own_payment<S: TestDb +
         assert_eq!((again.status, &again.body), (201, &paid.body), "the charge, as first answered");
         let again = p.pay_command(T, &request("O-2", 1000, Some("R-2")), WAIT).await.unwrap();
         assert_eq!((again.status, &again.body), (402, &declined.body), "the decline, as first answered");
+        let again = p.pay_command(T, &request("O-1", 1000, Some("R-3")), WAIT).await.unwrap();
+        assert_eq!((again.status, &again.body), (409, &refused.body), "the failure, as first answered");
     }
     let other = p.pay_command(T, &request("O-1", 999, Some("R-1")), WAIT).await.unwrap();
     assert_eq!((other.status, code(&other.body)), (422, "idempotency_key_mismatch".into()));

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use onceflow_engine::clock::ManualClock;
-use onceflow_engine::store::{StepStatus, WorkflowRecord, WorkflowState};
+use onceflow_engine::store::{Lease, StepStatus, WorkflowRecord, WorkflowState};
 use onceflow_engine::{Engine, EngineConfig, Interrupt, Outcome, Previous, Workflow, WorkflowContext};
 use onceflow_tests::{TestDb, effect_step, on_every_backend};
 use tokio::sync::{Semaphore, mpsc};
@@ -184,12 +184,12 @@ async fn the_heartbeat_extends_only_the_listed_leases<S: TestDb>(store: S) {
         store.insert_workflow(&mut tx, row, &[]).await.unwrap();
     }
     tx.commit().await.unwrap();
-    assert_eq!(store.heartbeat("me", &[], 2_000, 100).await.unwrap(), 0);
+    assert_eq!(store.heartbeat("me", &[], Lease::at(100, 1_900)).await.unwrap(), 0);
     // More ids than one MySQL statement lists, most of them not in the table.
     let mut ids: Vec<String> = (0..1_200).map(|i| format!("absent-{i}")).collect();
     ids.extend(["driven", "theirs", "expired", "done"].map(String::from));
     ids.insert(600, "compensating".to_owned());
-    assert_eq!(store.heartbeat("me", &ids, 2_000, 100).await.unwrap(), 2);
+    assert_eq!(store.heartbeat("me", &ids, Lease::at(100, 1_900)).await.unwrap(), 2);
     let expected = [2_000, 2_000, 1_000, 1_000, 50, 1_000];
     for (row, expected) in rows.iter().zip(expected) {
         let stored = store.workflow(&row.workflow_id).await.unwrap().unwrap();

@@ -1,7 +1,7 @@
 //! The `Store` contract, run against every backend: what the engine relies on from each database.
 
 use onceflow_engine::store::{
-    Checkpoint, Committed, CompensationRecord, CompensationStatus, Cursor, Fence, Reopen, StepKind, StepRecord,
+    Checkpoint, Committed, CompensationRecord, CompensationStatus, Cursor, Fence, Lease, Reopen, StepKind, StepRecord,
     StepStatus, WorkflowFilter, WorkflowRecord, WorkflowState, WorkflowUpdate, WorkflowWrite,
 };
 use onceflow_tests::{TestDb, on_every_backend};
@@ -62,6 +62,7 @@ async fn persist_inserts_once_then_fences<S: TestDb>(store: S) {
         workflow: WorkflowWrite::Insert(&row),
         steps: &[step_row("w", "a", StepStatus::Completed, 1)],
         compensations: None,
+        leases_by_database: false,
     };
     let mut tx = store.begin().await.unwrap();
     assert_eq!(store.persist(&mut tx, &first).await.unwrap(), Committed::Done { notify: false, outputs: vec![] });
@@ -71,6 +72,7 @@ async fn persist_inserts_once_then_fences<S: TestDb>(store: S) {
         workflow: WorkflowWrite::Insert(&other),
         steps: &[step_row("w", "a", StepStatus::Failed, 1)],
         compensations: None,
+        leases_by_database: false,
     };
     let mut tx = store.begin().await.unwrap();
     assert_eq!(store.persist(&mut tx, &second).await.unwrap(), Committed::Duplicate);
@@ -81,7 +83,8 @@ async fn persist_inserts_once_then_fences<S: TestDb>(store: S) {
     for (epoch, expected) in [(2, Committed::LeaseLost), (1, Committed::Done { notify: false, outputs: vec![] })] {
         let workflow = WorkflowWrite::Fence(Fence { workflow_id: "w", epoch, update: &update, now: 5 });
         let mut tx = store.begin().await.unwrap();
-        let done = store.persist(&mut tx, &Checkpoint { workflow, steps: &[], compensations: None }).await;
+        let commit = Checkpoint { workflow, steps: &[], compensations: None, leases_by_database: false };
+        let done = store.persist(&mut tx, &commit).await;
         assert_eq!(done.unwrap(), expected, "epoch {epoch}");
         tx.commit().await.unwrap();
     }
@@ -104,7 +107,12 @@ fn compensation(seq: i32, status: CompensationStatus) -> CompensationRecord {
 async fn compensations_ride_with_the_workflow_row<S: TestDb>(store: S) {
     let row = workflow("w", Some("me"), Some(100), 0);
     let registered = [compensation(0, CompensationStatus::Registered), compensation(1, CompensationStatus::Registered)];
-    let first = Checkpoint { workflow: WorkflowWrite::Insert(&row), steps: &[], compensations: Some(&registered) };
+    let first = Checkpoint {
+        workflow: WorkflowWrite::Insert(&row),
+        steps: &[],
+        compensations: Some(&registered),
+        leases_by_database: false,
+    };
     let mut tx = store.begin().await.unwrap();
     assert_eq!(store.persist(&mut tx, &first).await.unwrap(), Committed::Done { notify: false, outputs: vec![] });
     tx.commit().await.unwrap();
@@ -115,7 +123,7 @@ async fn compensations_ride_with_the_workflow_row<S: TestDb>(store: S) {
         [(2, Committed::LeaseLost, &registered), (1, Committed::Done { notify: false, outputs: vec![] }, &changed)]
     {
         let workflow = WorkflowWrite::Fence(Fence { workflow_id: "w", epoch, update: &update, now: 5 });
-        let commit = Checkpoint { workflow, steps: &[], compensations: Some(&changed) };
+        let commit = Checkpoint { workflow, steps: &[], compensations: Some(&changed), leases_by_database: false };
         let mut tx = store.begin().await.unwrap();
         assert_eq!(store.persist(&mut tx, &commit).await.unwrap(), expected, "epoch {epoch}");
         if expected == Committed::LeaseLost {
@@ -175,19 +183,67 @@ async fn claims_only_due_and_unleased<S: TestDb>(store: S) {
     store.insert_workflow(&mut tx, &workflow("later", None, None, 5_000), &[]).await.unwrap();
     store.insert_workflow(&mut tx, &workflow("free", None, None, 10), &[]).await.unwrap();
     tx.commit().await.unwrap();
-    let mut claimed: Vec<_> = store.claim_due("me", 100, 200, 10).await.unwrap();
+    let mut claimed: Vec<_> = store.claim_due("me", Lease::at(100, 100), 10).await.unwrap();
     claimed.sort_by(|a, b| a.workflow_id.cmp(&b.workflow_id));
     let got: Vec<_> = claimed.iter().map(|w| (w.workflow_id.as_str(), w.lease_epoch)).collect();
     assert_eq!(got, [("expired", 2), ("free", 2)]);
     assert!(claimed.iter().all(|w| w.lease_owner.as_deref() == Some("me") && w.lease_expires_at == Some(200)));
-    assert!(store.claim_due("you", 150, 300, 10).await.unwrap().is_empty(), "held leases are not claimed");
-    assert_eq!(store.heartbeat("me", &["expired".into(), "free".into()], 400, 150).await.unwrap(), 2);
-    assert!(store.claim_due("you", 300, 500, 10).await.unwrap().is_empty(), "the heartbeat extended them");
+    assert!(store.claim_due("you", Lease::at(150, 150), 10).await.unwrap().is_empty(), "held leases are not claimed");
+    assert_eq!(store.heartbeat("me", &["expired".into(), "free".into()], Lease::at(150, 250)).await.unwrap(), 2);
+    assert!(store.claim_due("you", Lease::at(300, 200), 10).await.unwrap().is_empty(), "the heartbeat extended them");
     assert!(!store.release("free", 1, 0, 300).await.unwrap(), "release checks the epoch");
     assert!(store.release("free", 2, 0, 300).await.unwrap());
-    assert_eq!(store.claim_due("you", 300, 500, 10).await.unwrap().len(), 1);
+    assert_eq!(store.claim_due("you", Lease::at(300, 200), 10).await.unwrap().len(), 1);
     assert_eq!(store.release_all("me", 300).await.unwrap(), 1);
-    assert_eq!(store.claim_due("you", 300, 500, 10).await.unwrap()[0].workflow_id, "expired");
+    assert_eq!(store.claim_due("you", Lease::at(300, 200), 10).await.unwrap()[0].workflow_id, "expired");
+}
+
+/// With `by_database`, leases are judged by the database's clock whatever the caller's says: a caller an hour
+/// ahead takes no lease that has not ended by the database's clock, one an hour behind extends none that has, and
+/// a first commit moves the lease its (late) clock gave onto the database's clock. Due-ness stays the caller's.
+async fn leases_are_judged_by_the_databases_clock<S: TestDb>(store: S) {
+    const HOUR: i64 = 3_600_000;
+    let real = onceflow_engine::clock::Clock::now_ms(&onceflow_engine::clock::SystemClock);
+    let mut tx = store.begin().await.unwrap();
+    store.insert_workflow(&mut tx, &workflow("live", Some("other"), Some(real + 60_000), 0), &[]).await.unwrap();
+    store.insert_workflow(&mut tx, &workflow("over", Some("other"), Some(real - 1_000), 0), &[]).await.unwrap();
+    store.insert_workflow(&mut tx, &workflow("mine", Some("me"), Some(real - 1_000), 0), &[]).await.unwrap();
+    tx.commit().await.unwrap();
+    let ahead = Lease { now: real + HOUR, length_ms: 10_000, by_database: true };
+    let mut claimed: Vec<_> = store.claim_due("me", ahead, 10).await.unwrap();
+    claimed.sort_by(|a, b| a.workflow_id.cmp(&b.workflow_id));
+    let got: Vec<_> = claimed.iter().map(|w| w.workflow_id.as_str()).collect();
+    assert_eq!(got, ["mine", "over"], "the live lease is not taken");
+    let lease = claimed[1].lease_expires_at.unwrap();
+    assert!((real + 9_000..real + 20_000).contains(&lease), "leased by the database's clock: {lease} vs {real}");
+    let live = store.claim("live", "me", ahead).await.unwrap();
+    assert_eq!(live, None, "a wake takes no live lease either");
+
+    let behind = Lease { now: real - HOUR, length_ms: 10_000, by_database: true };
+    let mut tx = store.begin().await.unwrap();
+    store.insert_workflow(&mut tx, &workflow("ended", Some("me"), Some(real - 1_000), 0), &[]).await.unwrap();
+    tx.commit().await.unwrap();
+    let ids = ["over".to_owned(), "ended".to_owned()];
+    assert_eq!(store.heartbeat("me", &ids, behind).await.unwrap(), 1, "only the lease not yet over is extended");
+    let extended = store.workflow("over").await.unwrap().unwrap().lease_expires_at.unwrap();
+    assert!((real + 9_000..real + 20_000).contains(&extended), "{extended} vs {real}");
+    assert_eq!(store.workflow("ended").await.unwrap().unwrap().lease_expires_at, Some(real - 1_000));
+
+    let late =
+        WorkflowRecord { created_at: real - HOUR, ..workflow("late", Some("me"), Some(real - HOUR + 10_000), 0) };
+    let first = Checkpoint {
+        workflow: WorkflowWrite::Insert(&late),
+        steps: &[],
+        compensations: None,
+        leases_by_database: true,
+    };
+    let mut tx = store.begin().await.unwrap();
+    assert_eq!(store.persist(&mut tx, &first).await.unwrap(), Committed::Done { notify: false, outputs: vec![] });
+    tx.commit().await.unwrap();
+    let inserted = store.workflow("late").await.unwrap().unwrap().lease_expires_at.unwrap();
+    assert!((real + 9_000..real + 20_000).contains(&inserted), "moved onto the database's clock: {inserted}");
+    let taken = store.claim_due("you", Lease { now: real, ..ahead }, 10).await.unwrap();
+    assert!(taken.iter().all(|w| w.workflow_id != "late"), "the late starter's lease is live: {taken:?}");
 }
 
 async fn lists_notifies_and_reopens<S: TestDb>(store: S) {
@@ -240,6 +296,7 @@ on_every_backend!(
     steps_upsert_by_key,
     the_fence_checks_the_epoch,
     claims_only_due_and_unleased,
+    leases_are_judged_by_the_databases_clock,
     lists_notifies_and_reopens,
     compensations_ride_with_the_workflow_row,
     statuses_are_stored_as_their_text,

@@ -74,6 +74,7 @@ pub(crate) fn app<S: PaymentStore>(state: AppState<S>, more: Router<AppState<S>>
         .route("/v1/search", get(search::search::<S>))
         .route("/v1/unresolved", get(unresolved::unresolved::<S>))
         .route("/v1/whoami", get(whoami::whoami))
+        .route("/v1/workflows/{workflow_id}/query-channel", post(ops::query_channel::<S>))
         .route("/healthz", get(ops::healthz))
         .route("/readyz", get(ops::readyz::<S>))
         .route("/metrics", get(ops::metrics::<S>))

@@ -1,15 +1,17 @@
-//! Operations: workflows, health, readiness, metrics, the OpenAPI document.
+//! Operations: workflows (read, list, retry, cancel, query-channel), health, readiness, metrics, the OpenAPI
+//! document.
 
 use axum::Json;
+use axum::body::Bytes;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use onceflow_engine::WorkflowView;
 use onceflow_engine::store::{Cursor, WorkflowFilter, WorkflowRecord, WorkflowState};
-use serde::Deserialize;
+use onceflow_engine::{Woken, WorkflowView};
+use serde::{Deserialize, Serialize};
 use serde_json::json;
-use utoipa::IntoParams;
+use utoipa::{IntoParams, ToSchema};
 
 use onceflow_payments::PaymentStore;
 
@@ -83,9 +85,13 @@ fn visible(caller: &Caller, record: &WorkflowRecord) -> bool {
     }
 }
 
-/// Retry and cancel are for operators.
+/// Retry, cancel and query-channel are for operators.
 fn must_operate(caller: &Caller) -> Result<(), ApiError> {
-    if caller.is_operator() { Ok(()) } else { Err(ApiError::forbidden("retry and cancel take an operator key")) }
+    if caller.is_operator() {
+        Ok(())
+    } else {
+        Err(ApiError::forbidden("retry, cancel and query-channel take an operator key"))
+    }
 }
 
 async fn visible_view<S: PaymentStore>(
@@ -213,6 +219,99 @@ pub async fn cancel_workflow<S: PaymentStore>(
     let act = async { Ok(state.payments.engine().cancel(&id).await?) };
     let done = audited(&state, &caller, "cancel", subject, reason, act, |w| format!("now {}", w.state)).await?;
     Ok(Json(done.into()))
+}
+
+/// How long `query-channel` waits for the workflow to end after waking it, so that a channel that has settled
+/// is seen settled in the answer.
+const QUERY_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// The optional body of an operator's action (`{"reason": "..."}`).
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct OperatorActionBody {
+    /// Why the operator acts (at most 500 characters): logged with the action.
+    #[serde(default)]
+    #[schema(max_length = 500)]
+    pub reason: Option<String>,
+}
+
+/// The answer of `query-channel`: what the wake did, and the workflow as it is after it.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct QueryChannelBody {
+    /// The reason given, if any.
+    #[schema(required = true)]
+    pub reason: Option<String>,
+    /// `claimed` (this process asks the channel now), `running` (the run here asks now, cutting its wait short)
+    /// or `held_elsewhere` (another live process runs it, and asks within its next attempt).
+    #[schema(value_type = String)]
+    pub woken: Woken,
+    /// The workflow a moment later (up to 2 s, until it ends): ended if the channel's answer settled it.
+    pub workflow: WorkflowDetail,
+}
+
+/// An operator action's body: none (or `null`), or `{"reason": "..."}` as JSON.
+fn action_body(headers: &HeaderMap, body: &Bytes) -> Result<OperatorActionBody, ApiError> {
+    if body.is_empty() {
+        return Ok(OperatorActionBody::default());
+    }
+    let json = headers.get(axum::http::header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(|v| {
+        let v = v.split(';').next().unwrap_or_default().trim().to_ascii_lowercase();
+        v == "application/json" || (v.starts_with("application/") && v.ends_with("+json"))
+    });
+    if !json {
+        return Err(crate::extract::unsupported_media_type());
+    }
+    // `null` is no body, as the document's optional body says.
+    let action: Option<OperatorActionBody> =
+        serde_json::from_slice(body).map_err(|e| ApiError::invalid(format!("invalid body: {e}")))?;
+    let action = action.unwrap_or_default();
+    if action.reason.as_ref().is_some_and(|r| r.chars().count() > 500) {
+        return Err(ApiError::invalid("reason is at most 500 characters"));
+    }
+    Ok(action)
+}
+
+/// Asks the channel now about what the workflow waits for — a payment's charge whose outcome is unknown or
+/// `processing`, a compensation's close and refund — and settles it from the answer: the workflow's next attempt
+/// is made at once (`Engine::wake`) rather than at its `next_attempt_at`. Operators only.
+#[utoipa::path(post, path = "/v1/workflows/{workflow_id}/query-channel", tag = "operations",
+    params(("workflow_id" = String, Path, description = "The workflow")),
+    request_body(content = Option<OperatorActionBody>, description = "Optional: why (logged)"),
+    responses(
+        (status = 200, description = "Woken; the workflow a moment later", body = QueryChannelBody),
+        (status = 403, description = "forbidden: a tenant key (query-channel is for operators)", body = crate::error::Problem),
+        (status = 404, description = "workflow_not_found", body = crate::error::Problem),
+        (status = 409, description = "invalid_state: the workflow waits on no call (it ended, or is between steps)", body = crate::error::Problem),
+    ))]
+pub async fn query_channel<S: PaymentStore>(
+    State(state): State<AppState<S>>,
+    caller: Caller,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Json<QueryChannelBody>, ApiError> {
+    must_operate(&caller)?;
+    let action = action_body(&headers, &body)?;
+    let view = visible_view(&state, &caller, &id).await?;
+    if view.waiting_for().is_none() {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "invalid_state",
+            "Invalid state",
+            format!("the workflow is {}: it waits on no call to ask about", view.workflow.state),
+        ));
+    }
+    let engine = state.payments.engine();
+    let woken = engine.wake(&id).await?;
+    let who = match &caller {
+        Caller::Operator(name) => name.as_str(),
+        _ => "local",
+    };
+    tracing::info!(workflow_id = %id, operator = who, reason = action.reason.as_deref().unwrap_or(""), ?woken,
+        "query-channel: the workflow asks the channel now");
+    engine.wait(&id, QUERY_WAIT).await?;
+    let workflow = visible_view(&state, &caller, &id).await?.into();
+    Ok(Json(QueryChannelBody { reason: action.reason, woken, workflow }))
 }
 
 /// The process is up.

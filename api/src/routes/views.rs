@@ -52,7 +52,9 @@ pub struct WorkflowBody {
     /// When it was created (RFC 3339).
     #[schema(format = DateTime)]
     pub created_at: String,
-    /// Why it failed: the JSON value stored (an older plain message stays a string); absent while it has not.
+    /// Why it failed: the JSON value stored (an older plain message stays a string); absent while it has not. On a
+    /// `completed` workflow, an exception for operators: a compensation could not undo its step and the workflow
+    /// rolled forward instead (a payment's `kept_after_failed_refund`: the charge kept, the payment succeeded).
     #[serde(skip_serializing_if = "Value::is_null")]
     pub error: Value,
     /// Its input; a payment's idempotency token is shown as `***`.
@@ -126,6 +128,31 @@ pub struct CompensationBody {
     pub step_key: String,
 }
 
+/// What an unfinished workflow waits for: the external step (a payment's: the channel's charge, or a
+/// compensation's close and refund) whose outcome it has yet to learn, or that it tries again.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct WaitingForBody {
+    /// The step's attempts so far.
+    pub attempts: i32,
+    /// When the workflow tries again by itself (RFC 3339); an operator may ask now
+    /// (`POST /v1/workflows/{workflow_id}/query-channel`).
+    #[schema(format = DateTime)]
+    pub next_attempt_at: String,
+    /// Why it waits: what its last attempt learnt (a charge or refund `processing`, a timeout, an answer that did
+    /// not match what was asked), or that a call is in flight.
+    pub reason: String,
+    /// When the step's first attempt started (RFC 3339).
+    #[schema(format = DateTime)]
+    pub since: String,
+    /// `started` (a call in flight), `unknown` (its outcome to be found out) or `retrying`.
+    #[schema(value_type = String)]
+    pub status: StepStatus,
+    /// The step (a compensation's as `compensate/<seq>/<step>`).
+    pub step_key: String,
+    /// What the step does.
+    pub step_name: String,
+}
+
 /// A workflow with its steps, in the order they ran, and its compensations (`GET /v1/workflows/{id}`).
 #[derive(Debug, Serialize, ToSchema)]
 pub struct WorkflowDetail {
@@ -135,8 +162,28 @@ pub struct WorkflowDetail {
     pub compensations: Vec<CompensationBody>,
     /// Its steps, in the order they ran (a phase's steps share their times; the order is the one they ran in).
     pub steps: Vec<StepBody>,
+    /// What it waits for, while it is running or compensating and waits on a call; absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub waiting_for: Option<WaitingForBody>,
     /// The workflow.
     pub workflow: WorkflowBody,
+}
+
+/// Why a workflow waits on `step`, in words: what its last attempt learnt, and whether a call is in flight.
+fn reason(step: &StepRecord) -> String {
+    let learnt = match json_value(step.error.as_deref()) {
+        Value::Null => None,
+        Value::String(message) => Some(message),
+        error => Some(error.get("message").and_then(Value::as_str).map_or_else(|| error.to_string(), str::to_owned)),
+    };
+    match (step.status, learnt) {
+        (StepStatus::Started, Some(learnt)) => format!("{learnt} (asked again: attempt {} in flight)", step.attempts),
+        (StepStatus::Started, None) => "a call is in flight (or the process making it stopped): its outcome is \
+                                        found out before anything is done again"
+            .to_owned(),
+        (_, Some(learnt)) => learnt,
+        (_, None) => "its last attempt's outcome is to be found out".to_owned(),
+    }
 }
 
 /// A page of workflows, newest first (`GET /v1/workflows`).
@@ -208,10 +255,20 @@ impl From<CompensationRecord> for CompensationBody {
 
 impl From<WorkflowView> for WorkflowDetail {
     fn from(view: WorkflowView) -> Self {
+        let waiting_for = view.waiting_for().map(|step| WaitingForBody {
+            attempts: step.attempts,
+            next_attempt_at: rfc3339(view.workflow.next_attempt_at),
+            reason: reason(step),
+            since: rfc3339(step.started_at),
+            status: step.status,
+            step_key: step.step_key.clone(),
+            step_name: step.step_name.clone(),
+        });
         Self {
             audit: Vec::new(),
             compensations: view.compensations.into_iter().map(CompensationBody::from).collect(),
             steps: view.steps.into_iter().map(StepBody::from).collect(),
+            waiting_for,
             workflow: view.workflow.into(),
         }
     }

@@ -4,9 +4,12 @@
 //! predating merchant ids would), answering one merchant's number with another's charge, and `busy` refuses a
 //! charge request while another one under the same number is in flight (`409`, as some channels do); `closeless`
 //! answers `404` to a close, as a channel predating it would. Refunds may be partial; how a new refund is
-//! answered is set with [`TestChannel::set_refund_mode`] (succeed, fail, refuse, stay processing, lose the reply).
+//! answered is set with [`TestChannel::set_refund_mode`] (succeed, fail, refuse, stay processing, lose the reply,
+//! refund only half); a new charge may be held `processing` until [`TestChannel::settle_charges`]
+//! ([`TestChannel::set_charge_mode`]).
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -30,6 +33,8 @@ pub struct Kept {
     pub refunded: bool,
     /// What its succeeded refunds add up to.
     pub refunded_amount: i64,
+    /// `succeeded`, `processing` or `declined`.
+    pub status: &'static str,
 }
 
 /// How the channel answers a new refund request.
@@ -46,13 +51,26 @@ pub enum RefundMode {
     Processing,
     /// Refunded (`succeeded`), but answered `500`: the reply is lost.
     LoseReply,
+    /// Only half of what was asked is refunded, and the answer says so (`succeeded`, half the amount): a
+    /// channel whose answer does not match the request.
+    Half,
+}
+
+/// How the channel answers a new charge request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ChargeMode {
+    /// `succeeded` at once.
+    #[default]
+    Succeed,
+    /// `processing` until [`TestChannel::settle_charges`].
+    Processing,
 }
 
 impl Kept {
     fn body(&self) -> Value {
         json!({
             "merchant_id": self.merchant_id, "merchant_request_no": self.merchant_request_no,
-            "charge_id": self.charge_id, "status": "succeeded", "amount": self.amount,
+            "charge_id": self.charge_id, "status": self.status, "amount": self.amount,
             "currency": self.currency, "order_no": self.order_no,
         })
     }
@@ -64,12 +82,15 @@ struct Book {
     closed: HashSet<(String, String)>,
     refunds: HashMap<(String, String), Value>,
     refund_mode: RefundMode,
+    refund_hold: Duration,
+    charge_mode: ChargeMode,
     in_flight: HashSet<(String, String)>,
     next: u64,
     closes: u64,
     /// The `traceparent` header of every request that carried one, in the order they came.
     traceparents: Vec<String>,
     refund_calls: u64,
+    charge_calls: u64,
 }
 
 /// The channel: cheap to clone, clones share the ledger.
@@ -79,7 +100,7 @@ pub struct TestChannel {
     hold: Duration,
     mixed: bool,
     busy: bool,
-    closeless: bool,
+    closeless: Arc<AtomicBool>,
     pub url: String,
     /// The statements it serves (`channel_word.rs`).
     pub statements: super::channel_word::Statements,
@@ -105,6 +126,7 @@ impl TestChannel {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         let statements = super::channel_word::Statements::default();
+        let closeless = Arc::new(AtomicBool::new(closeless));
         let channel = Self { book: Arc::default(), hold, mixed, busy, closeless, url, statements };
         let app = Router::new()
             .route("/v1/charges", post(charge))
@@ -129,13 +151,32 @@ impl TestChannel {
         self.charges()
             .iter()
             .filter(|c| (c.merchant_id == merchant_id || c.merchant_id.is_empty()) && c.order_no == order_no)
-            .filter(|c| c.refunded_amount < c.amount)
+            .filter(|c| c.status == "succeeded" && c.refunded_amount < c.amount)
             .count()
     }
 
     /// From now on, new refund requests are answered as `mode` says.
     pub fn set_refund_mode(&self, mode: RefundMode) {
         self.book.lock().unwrap().refund_mode = mode;
+    }
+
+    /// From now on, every refund reply is held this long after the refund is recorded (a reply in flight when the
+    /// asker dies).
+    pub fn set_refund_hold(&self, hold: Duration) {
+        self.book.lock().unwrap().refund_hold = hold;
+    }
+
+    /// From now on, new charges are answered as `mode` says.
+    pub fn set_charge_mode(&self, mode: ChargeMode) {
+        self.book.lock().unwrap().charge_mode = mode;
+    }
+
+    /// Settles every `processing` charge as `status` (`succeeded` or `declined`).
+    pub fn settle_charges(&self, status: &'static str) {
+        let mut book = self.book.lock().unwrap();
+        for charge in book.charges.values_mut().filter(|c| c.status == "processing") {
+            charge.status = status;
+        }
     }
 
     /// Every refund, as the channel answers for it now.
@@ -167,6 +208,35 @@ impl TestChannel {
         self.book.lock().unwrap().traceparents.clone()
     }
 
+    /// The channel's ledger in the shape the invariants judge by (`onceflow_payments::check_invariants`).
+    pub fn ledger(&self) -> onceflow_payments::Ledger {
+        let status = |s: &str| match s {
+            "succeeded" => onceflow_payments::ChargeStatus::Succeeded,
+            "declined" => onceflow_payments::ChargeStatus::Declined,
+            _ => onceflow_payments::ChargeStatus::Processing,
+        };
+        let charges = self
+            .charges()
+            .into_iter()
+            .map(|c| onceflow_payments::LedgerCharge {
+                merchant_id: c.merchant_id,
+                merchant_request_no: c.merchant_request_no,
+                order_no: c.order_no,
+                amount: c.amount,
+                status: status(c.status),
+                refunded: c.refunded,
+                refunded_amount: c.refunded_amount,
+            })
+            .collect();
+        let refunds = self.refunds().into_iter().filter_map(|r| serde_json::from_value(r).ok()).collect();
+        onceflow_payments::Ledger { charges, refunds, refund_calls: self.refund_calls(), ..Default::default() }
+    }
+
+    /// From now on, whether close is answered `404` (as by a channel predating it).
+    pub fn set_closeless(&self, closeless: bool) {
+        self.closeless.store(closeless, Ordering::SeqCst);
+    }
+
     /// Closes received.
     pub fn closes(&self) -> u64 {
         self.book.lock().unwrap().closes
@@ -177,23 +247,9 @@ impl TestChannel {
         self.book.lock().unwrap().refund_calls
     }
 
-    /// Everything the channel did, in the shape of the mock channel's ledger, for `check_invariants`.
-    pub fn ledger(&self) -> onceflow_payments::Ledger {
-        let charges = self
-            .charges()
-            .into_iter()
-            .map(|c| onceflow_payments::LedgerCharge {
-                merchant_id: c.merchant_id,
-                merchant_request_no: c.merchant_request_no,
-                order_no: c.order_no,
-                amount: c.amount,
-                status: onceflow_payments::ChargeStatus::Succeeded,
-                refunded: c.refunded,
-                refunded_amount: c.refunded_amount,
-            })
-            .collect();
-        let refunds = self.refunds().into_iter().map(|r| serde_json::from_value(r).unwrap()).collect();
-        onceflow_payments::Ledger { charges, refunds, refund_calls: self.refund_calls(), ..Default::default() }
+    /// Charge requests received (repeats included).
+    pub fn charge_calls(&self) -> u64 {
+        self.book.lock().unwrap().charge_calls
     }
 
     fn key(&self, merchant_id: &str, no: &str) -> (String, String) {
@@ -216,6 +272,7 @@ async fn charge(State(c): State<TestChannel>, headers: axum::http::HeaderMap, Js
     let key = c.key(&text(&req, "merchant_id"), &text(&req, "merchant_request_no"));
     let fresh = {
         let mut book = c.book.lock().unwrap();
+        book.charge_calls += 1;
         if c.busy && !book.in_flight.insert(key.clone()) {
             return answer(409, json!({"error": "in_progress"}));
         }
@@ -246,6 +303,7 @@ async fn charge(State(c): State<TestChannel>, headers: axum::http::HeaderMap, Js
         charge_id: format!("tc_{}", book.next),
         refunded: false,
         refunded_amount: 0,
+        status: if book.charge_mode == ChargeMode::Processing { "processing" } else { "succeeded" },
     };
     let body = kept.body();
     book.charges.insert(key, kept);
@@ -269,7 +327,7 @@ async fn query(
 }
 
 async fn close(State(c): State<TestChannel>, Path(no): Path<String>, Json(req): Json<Value>) -> Response {
-    if c.closeless {
+    if c.closeless.load(Ordering::SeqCst) {
         return answer(404, json!({"error": "not_found"}));
     }
     let key = c.key(&text(&req, "merchant_id"), &no);
@@ -283,8 +341,22 @@ async fn close(State(c): State<TestChannel>, Path(no): Path<String>, Json(req): 
 }
 
 async fn refund(State(c): State<TestChannel>, Json(req): Json<Value>) -> Response {
-    let refund_key = c.key(&text(&req, "merchant_id"), &text(&req, "merchant_refund_no"));
-    let charge_key = c.key(&text(&req, "merchant_id"), &text(&req, "merchant_request_no"));
+    let (answer, hold) = refund_recorded(&c, &req);
+    if !hold.is_zero() {
+        tokio::time::sleep(hold).await;
+    }
+    answer
+}
+
+/// A refund request's answer, recorded, and how long to hold the reply.
+fn refund_recorded(c: &TestChannel, req: &Value) -> (Response, Duration) {
+    let hold = c.book.lock().unwrap().refund_hold;
+    (refund_answer(c, req), hold)
+}
+
+fn refund_answer(c: &TestChannel, req: &Value) -> Response {
+    let refund_key = c.key(&text(req, "merchant_id"), &text(req, "merchant_refund_no"));
+    let charge_key = c.key(&text(req, "merchant_id"), &text(req, "merchant_request_no"));
     let amount = req["amount"].as_i64().unwrap_or(0);
     let mut book = c.book.lock().unwrap();
     book.refund_calls += 1;
@@ -293,7 +365,7 @@ async fn refund(State(c): State<TestChannel>, Json(req): Json<Value>) -> Respons
         let same = done["merchant_request_no"] == req["merchant_request_no"] && done["amount"] == req["amount"];
         return if same { answer(200, done.clone()) } else { answer(409, json!({"error": "conflict"})) };
     }
-    let Some(kept) = book.charges.get(&charge_key) else {
+    let Some(kept) = book.charges.get(&charge_key).filter(|c| c.status == "succeeded") else {
         return answer(409, json!({"error": "not_refundable"}));
     };
     let (charge_amount, charge_id) = (kept.amount, kept.charge_id.clone());
@@ -311,6 +383,7 @@ async fn refund(State(c): State<TestChannel>, Json(req): Json<Value>) -> Respons
     if mode == RefundMode::Refuse {
         return answer(422, json!({"error": "refused"}));
     }
+    let amount = if mode == RefundMode::Half { amount / 2 } else { amount };
     let status = match mode {
         RefundMode::Fail => "failed",
         RefundMode::Processing => "processing",
@@ -318,8 +391,8 @@ async fn refund(State(c): State<TestChannel>, Json(req): Json<Value>) -> Respons
     };
     book.next += 1;
     let done = json!({
-        "merchant_id": text(&req, "merchant_id"), "merchant_refund_no": text(&req, "merchant_refund_no"),
-        "merchant_request_no": text(&req, "merchant_request_no"), "refund_id": format!("tr_{}_{}", charge_id, book.next),
+        "merchant_id": text(req, "merchant_id"), "merchant_refund_no": text(req, "merchant_refund_no"),
+        "merchant_request_no": text(req, "merchant_request_no"), "refund_id": format!("tr_{}_{}", charge_id, book.next),
         "amount": amount, "status": status,
     });
     if status == "succeeded" {

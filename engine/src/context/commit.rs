@@ -69,7 +69,8 @@ impl<S: Store> WorkflowContext<S> {
             }
         };
         let compensations = (self.replay.comps != self.replay.committed_comps).then_some(&self.replay.comps[..]);
-        Checkpoint { workflow, steps: &self.run.pending_steps, compensations }
+        let leases_by_database = self.core.clock.leases_by_database();
+        Checkpoint { workflow, steps: &self.run.pending_steps, compensations, leases_by_database }
     }
 
     /// After a commit: nothing is pending, and a start waiting for the first commit hears of it.

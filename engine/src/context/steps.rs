@@ -116,6 +116,9 @@ impl<S: Store> WorkflowContext<S> {
             ),
             None => (0, Previous::None, self.core.now()),
         };
+        // What the last attempt learnt, kept on the row of the next one while it is in flight: what the step
+        // waits for stays said (a `processing` charge), not just "a call in flight".
+        let mut learnt = self.replay.history.get(&key).and_then(|s| s.error.clone());
         if let Some((name, input)) = &spec.compensation {
             self.register_compensation(&key, name, input)?;
         }
@@ -137,7 +140,7 @@ impl<S: Store> WorkflowContext<S> {
             self.check_shutdown()?;
             attempts += 1;
             if !std::mem::take(&mut intent_committed) {
-                self.push_step(row(StepStatus::Started, attempts, None, None, None));
+                self.push_step(row(StepStatus::Started, attempts, None, learnt.clone(), None));
                 self.commit(WorkflowUpdate::default()).await?;
             }
             // The call outside runs in the step's span: a client that carries the trace onward (the channel's)
@@ -171,6 +174,7 @@ impl<S: Store> WorkflowContext<S> {
             tracing::debug!(workflow_id = %self.run.workflow_id, step_key = %key, attempts, %message, "step will retry");
             previous =
                 if status == StepStatus::Unknown { Previous::Unknown } else { Previous::Failed(message.clone()) };
+            learnt = Some(message.clone());
             self.push_step(row(status, attempts, None, Some(message), None));
             self.wait(delay).await?;
         }
@@ -180,8 +184,11 @@ impl<S: Store> WorkflowContext<S> {
     /// shuts down meanwhile) persisted as the workflow's `next_attempt_at` with the lease released.
     pub(super) async fn wait(&mut self, delay: Duration) -> Result<(), Interrupt> {
         if delay <= self.core.config.max_inline_wait {
+            // An operator's wake (`Engine::wake`) ends the wait: the next attempt is made now.
+            let woken = self.core.woken(&self.run.workflow_id);
             tokio::select! {
                 () = tokio::time::sleep(delay) => return Ok(()),
+                () = crate::core::woken(woken) => return Ok(()),
                 () = self.core.shutdown.cancelled() => {}
             }
         }

@@ -117,6 +117,38 @@ pub struct Checkpoint<'a> {
     pub steps: &'a [StepRecord],
     /// The workflow's whole compensation list, when this commit changes it (kept in the workflow's row).
     pub compensations: Option<&'a [CompensationRecord]>,
+    /// On a first commit: whether the inserted row's lease is judged by the database's clock (see [`Lease`]):
+    /// its `lease_expires_at` is then moved onto that clock (the same length from the database's now as from the
+    /// row's `created_at`), so that a starter whose clock runs behind does not insert a lease already over.
+    pub leases_by_database: bool,
+}
+
+/// A lease as a claim, a heartbeat or a first commit gives it: `length_ms` from now, where now is the
+/// database's clock when `by_database` (Postgres `clock_timestamp()`, MySQL `NOW(3)`, SQLite `julianday('now')`:
+/// one clock for every process, so that one whose clock runs ahead cannot take a live lease, nor one whose clock
+/// runs behind lose its own), else `now`, the engine's (a clock the database cannot see, which tests move past a
+/// lease; see [`crate::clock::Clock::leases_by_database`]). Whether a workflow is due (`next_attempt_at`) is
+/// always judged by `now`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lease {
+    /// Now by the engine's clock (ms since the epoch).
+    pub now: i64,
+    /// How long the lease lasts (ms).
+    pub length_ms: i64,
+    /// Whether the database's clock judges when the lease ends.
+    pub by_database: bool,
+}
+
+impl Lease {
+    /// A lease judged by `now` alone (what store tests give).
+    pub fn at(now: i64, length_ms: i64) -> Self {
+        Self { now, length_ms, by_database: false }
+    }
+
+    /// The now the SQL reads as `COALESCE(<this>, <the database's now>)`: `None` when the database judges.
+    pub(crate) fn given_now(&self) -> Option<i64> {
+        (!self.by_database).then_some(self.now)
+    }
 }
 
 /// How a commit writes its workflow's row: each commit does exactly one of the two.
@@ -287,26 +319,20 @@ pub trait Store: sealed::Sealed + Clone + Send + Sync + 'static {
     /// A workflow's compensations, in registration order.
     fn compensations(&self, workflow_id: &str) -> impl Future<Output = Result<Vec<CompensationRecord>>> + Send;
 
-    /// Claims up to `limit` runnable workflows (due, lease free or expired) for `owner` until `lease_until`,
-    /// incrementing each one's epoch.
+    /// Claims up to `limit` runnable workflows (due by `lease.now`, their lease free or ended) for `owner`,
+    /// leasing each for `lease` and incrementing its epoch.
     fn claim_due(
         &self,
         owner: &str,
-        now: i64,
-        lease_until: i64,
+        lease: Lease,
         limit: i64,
     ) -> impl Future<Output = Result<Vec<WorkflowRecord>>> + Send;
 
-    /// Extends the leases of `workflow_ids` (the workflows a live task of the process drives) until
-    /// `lease_until`, each only while `owner` still holds it unexpired at `now` on an unfinished workflow; any
-    /// other lease of `owner` is left to expire. Returns how many were extended. An empty list does no query.
-    fn heartbeat(
-        &self,
-        owner: &str,
-        workflow_ids: &[String],
-        lease_until: i64,
-        now: i64,
-    ) -> impl Future<Output = Result<u64>> + Send;
+    /// Extends the leases of `workflow_ids` (the workflows a live task of the process drives) by `lease`, each
+    /// only while `owner` still holds it unended on an unfinished workflow; any other lease of `owner` is left to
+    /// expire. Returns how many were extended. An empty list does no query.
+    fn heartbeat(&self, owner: &str, workflow_ids: &[String], lease: Lease)
+    -> impl Future<Output = Result<u64>> + Send;
 
     /// Releases one workflow, runnable again at `next_attempt_at`, if `epoch` still holds it.
     fn release(
@@ -369,6 +395,18 @@ pub trait Store: sealed::Sealed + Clone + Send + Sync + 'static {
     /// Waits for a notification that some workflow ended in another process (Postgres `LISTEN`). Returns the
     /// workflow id; `None` when this backend has no such channel (the caller then polls).
     fn listen(&self) -> impl Future<Output = Result<Option<Listener>>> + Send;
+
+    /// Claims one workflow now, whether or not it is due, for `owner` (see [`crate::Engine::wake`]): if it is
+    /// running or compensating and its lease is free, ended or `owner`'s own (a run of the owner's that stopped),
+    /// leases it for `lease`, increments its epoch (fencing out any run of it) and makes it due at once (so that,
+    /// should this claimer die, any process resumes it when the lease ends). `None` when it is finished,
+    /// missing, or leased to another owner whose lease has not ended.
+    fn claim(
+        &self,
+        workflow_id: &str,
+        owner: &str,
+        lease: Lease,
+    ) -> impl Future<Output = Result<Option<WorkflowRecord>>> + Send;
 }
 
 /// Seals [`Store`]: `Sealed` is public in a private module, so no crate but the engine can name it, and so none

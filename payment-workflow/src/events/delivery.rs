@@ -77,7 +77,7 @@ pub(crate) async fn run<S: EventStore>(engine: Engine<S>, settings: Arc<EventSet
                 for (endpoint, permits) in slots.reserve(&due, start(due.len())) {
                     let asked_at = Instant::now();
                     let n = i64::try_from(permits.len()).unwrap_or(1);
-                    let claimed = match store.claim(&endpoint, n, engine.now_ms(), millis(lease)).await {
+                    let claimed = match EventStore::claim(store, &endpoint, n, engine.now_ms(), millis(lease)).await {
                         Ok(claimed) => claimed,
                         Err(e) => {
                             tracing::warn!(error = %e, endpoint, "could not claim deliveries");

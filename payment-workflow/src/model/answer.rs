@@ -109,6 +109,55 @@ impl Problem {
         declined
     }
 
+    /// `404 order_not_found`: the tenant has no such order (never stored: the token stays usable).
+    pub(crate) fn order_not_found(order_no: &OrderNo) -> Self {
+        Self::new(404, "order_not_found", "Order not found", &format!("order {order_no} does not exist"))
+    }
+
+    /// `422 amount_mismatch`: amount or currency differ from the order's.
+    pub(crate) fn amount_mismatch() -> Self {
+        Self::new(422, "amount_mismatch", "Amount mismatch", "amount or currency differ from the order's")
+    }
+
+    /// `409 order_not_payable`: the order is paid, or another payment of it is in flight.
+    pub(crate) fn order_not_payable(order_no: &OrderNo) -> Self {
+        let detail = format!("order {order_no} is paid or has a payment in flight");
+        Self::new(409, "order_not_payable", "Order not payable", &detail)
+    }
+
+    /// `409 request_no_conflict`: the number is another payment's (here, or at the channel).
+    pub(crate) fn request_no_conflict(request_no: &RequestNo) -> Self {
+        let detail = format!("request_no {request_no} is already used by another payment");
+        Self::new(409, "request_no_conflict", "Request number in use", &detail)
+    }
+
+    /// `422 channel_refused`: the channel refused the charge (its own words go to the log, never here).
+    pub(crate) fn channel_refused() -> Self {
+        let detail = "the payment channel refused the charge; nothing was charged";
+        Self::new(422, "channel_refused", "Refused by the channel", detail)
+    }
+
+    /// `502 payment_failed`: the answer to a payment whose workflow failed without one (a cancel, an engine
+    /// failure).
+    pub(crate) fn payment_failed() -> Self {
+        Self::new(502, "payment_failed", "Payment failed", "the payment could not be completed")
+    }
+
+    /// The answer of a failed payment of `order_no` under `request_no` whose answer's code was `code` (its record
+    /// keeps it: `failure_code`), rebuilt byte for byte by the constructors that first built it — for when the
+    /// token's stored answer is gone (past the response retention). `None` for a code no failed payment has.
+    pub(crate) fn of_failed_payment(code: &str, order_no: &OrderNo, request_no: &RequestNo) -> Option<Self> {
+        Some(match code {
+            "order_not_found" => Self::order_not_found(order_no),
+            "amount_mismatch" => Self::amount_mismatch(),
+            "order_not_payable" => Self::order_not_payable(order_no),
+            "request_no_conflict" => Self::request_no_conflict(request_no),
+            "channel_refused" => Self::channel_refused(),
+            "payment_failed" => Self::payment_failed(),
+            _ => return None,
+        })
+    }
+
     /// The body: `application/problem+json`.
     pub fn body(&self) -> String {
         let body = ProblemBody {
@@ -229,6 +278,23 @@ mod tests {
         let before = json!({"request_no": "R-1", "order_no": "O-1", "amount": 1000, "currency": "CNY",
             "status": "succeeded", "charge_id": "ch_1"});
         assert_eq!(body.render(), before.to_string());
+    }
+
+    #[test]
+    fn a_failed_payments_answer_is_rebuilt_from_its_code() {
+        let (order, request) = (OrderNo::parse("O-1").unwrap(), RequestNo::parse("R-1").unwrap());
+        for answer in [
+            Problem::order_not_found(&order),
+            Problem::amount_mismatch(),
+            Problem::order_not_payable(&order),
+            Problem::request_no_conflict(&request),
+            Problem::channel_refused(),
+            Problem::payment_failed(),
+        ] {
+            let rebuilt = Problem::of_failed_payment(&answer.code, &order, &request).unwrap();
+            assert_eq!(rebuilt.response(), answer.response(), "{}", answer.code);
+        }
+        assert_eq!(Problem::of_failed_payment("payment_declined", &order, &request), None);
     }
 
     #[test]

@@ -41,6 +41,11 @@ pub struct Order {
     pub status: OrderStatus,
     /// Incremented by every status change.
     pub version: i64,
+    /// The `request_no` of the payment that moved it to `paying` (and, once confirmed, `paid`), which alone may
+    /// move it on; `None` for an order never reserved.
+    #[serde(skip)]
+    #[sqlx(default)]
+    pub reserved_by: Option<String>,
     /// Creation time (ms since the epoch).
     #[serde(skip)]
     pub created_at: i64,
@@ -98,6 +103,12 @@ pub struct PaymentRecord {
     /// Why the channel declined.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub decline_code: Option<String>,
+    /// Of a failed payment: its answer's problem code (`order_not_payable`, `channel_refused`, `payment_failed`,
+    /// …), which rebuilds that answer once its token's stored one is gone (migration 0014). `None` for other
+    /// payments, and for failed ones recorded before the column existed.
+    #[serde(skip)]
+    #[sqlx(default)]
+    pub failure_code: Option<String>,
     /// Creation time (ms).
     #[serde(skip)]
     pub created_at: i64,

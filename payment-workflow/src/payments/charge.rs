@@ -42,13 +42,11 @@ impl ChargeOutcome {
             Self::Refused { status, body, .. } => {
                 // The channel's answer stays in the step's output and the log, never in the client's problem.
                 tracing::warn!(request_no = %i.request_no, status, %body, "the channel refused the charge");
-                let detail = "the payment channel refused the charge; nothing was charged";
-                Problem::new(422, "channel_refused", "Refused by the channel", detail)
+                Problem::channel_refused()
             }
             Self::NotOurs => {
                 tracing::warn!(request_no = %i.request_no, "the channel holds another payment's charge under this number");
-                let detail = format!("request_no {} is already used by another payment", i.request_no);
-                Problem::new(409, "request_no_conflict", "Request number in use", &detail)
+                Problem::request_no_conflict(&i.request_no)
             }
         };
         Err(Interrupt::Failed(answer.into_failure()))
@@ -63,7 +61,10 @@ fn settle(charge: Charge, request: &ChargeRequest) -> Result<ChargeOutcome, Step
     match charge.status {
         ChargeStatus::Succeeded => Ok(ChargeOutcome::Charged { charge_id: charge.charge_id }),
         ChargeStatus::Declined => Ok(ChargeOutcome::Declined { decline_code: charge.decline_code }),
-        ChargeStatus::Processing => Err(StepError::UnknownOutcome("the charge is processing".into())),
+        ChargeStatus::Processing => Err(StepError::UnknownOutcome(format!(
+            "the charge {} is processing at the channel; waiting for it to settle",
+            request.merchant_request_no
+        ))),
     }
 }
 
@@ -74,7 +75,7 @@ fn count_call(outcome: &Result<ChargeOutcome, StepError>) {
         Ok(ChargeOutcome::Declined { .. }) => "declined",
         Ok(ChargeOutcome::Refused { .. }) => "refused",
         Ok(ChargeOutcome::NotOurs) => "not_ours",
-        Err(StepError::UnknownOutcome(m)) if m.contains("processing") => "processing",
+        Err(StepError::UnknownOutcome(m)) if m.contains("is processing") => "processing",
         Err(_) => "unknown",
     };
     metrics::counter!("onceflow_channel_calls_total", "outcome" => label).increment(1);
@@ -116,7 +117,7 @@ async fn charge_attempt(
 }
 
 /// How a charge's number was undone at the channel.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(super) enum Undone {
     /// Closed before any charge was accepted: none ever will be.
     Closed,
@@ -126,36 +127,60 @@ pub(super) enum Undone {
     NothingTaken,
     /// The charge under the number is not this payment's: left alone.
     NotOurs,
+    /// This payment's charge `charge_id` was taken and the channel definitively did not give it back: its
+    /// refund `failed`, or was refused (`4xx`, nothing refunded). The money stays taken, so the payment rolls
+    /// forward (kept, paid) rather than hold it with the order unpaid; `why` is for operators.
+    Kept {
+        /// The charge kept.
+        charge_id: String,
+        /// What the channel answered to the refund.
+        why: String,
+    },
 }
 
 /// Undoes whatever this payment's number did at the channel: closes the number first (so that a charge still
 /// in flight can no longer land), then refunds this payment's charge if one exists, under a stable refund
 /// number, once a `processing` one has settled. `charged`: the charge step already saw this payment's charge
-/// succeed, so there is nothing to close and it is refunded at once.
-pub(super) async fn undo_charge(channel: &dyn Channel, i: &PaymentInput, charged: bool) -> Result<Undone, StepError> {
+/// `charge_id` succeed, so there is nothing to close and it is refunded at once.
+///
+/// A refund is believed only when its answer is the refund asked for (merchant, number, charge, amount): any
+/// other answer — half the amount, another number — is no success, and the same request is sent again (an
+/// unknown outcome: the channel is idempotent on the number). A refund the channel failed or refused is final:
+/// the charge is [`Undone::Kept`].
+pub(super) async fn undo_charge(
+    channel: &dyn Channel,
+    i: &PaymentInput,
+    charged: Option<String>,
+) -> Result<Undone, StepError> {
     let request = i.charge_request();
     let unknown = |e: ChannelError| StepError::UnknownOutcome(e.to_string());
-    if !charged {
-        let charge = match channel.close(&request.merchant_id, &request.merchant_request_no).await {
-            Ok(Closed::Closed) => return Ok(Undone::Closed),
-            Ok(Closed::Charged(charge)) => charge,
-            // Not an answer to wait out: an operator must look (the workflow ends compensation_failed).
-            Err(ChannelError::Refused { status, body }) => {
-                tracing::warn!(request_no = %i.request_no, status, %body, "the channel refused to close the number");
-                return Err(StepError::terminal("close_refused", "the channel refused to close the charge's number"));
+    let charge_id = match charged {
+        Some(charge_id) => charge_id,
+        None => {
+            let charge = match channel.close(&request.merchant_id, &request.merchant_request_no).await {
+                Ok(Closed::Closed) => return Ok(Undone::Closed),
+                Ok(Closed::Charged(charge)) => charge,
+                // Not an answer to wait out: an operator must look (the workflow ends compensation_failed).
+                Err(ChannelError::Refused { status, body }) => {
+                    tracing::warn!(request_no = %i.request_no, status, %body, "the channel refused to close the number");
+                    return Err(StepError::terminal(
+                        "close_refused",
+                        "the channel refused to close the charge's number",
+                    ));
+                }
+                Err(e) => return Err(unknown(e)),
+            };
+            if !charge.matches(&request) {
+                tracing::warn!(request_no = %i.request_no, "the charge under this number is another payment's: not refunded");
+                return Ok(Undone::NotOurs);
             }
-            Err(e) => return Err(unknown(e)),
-        };
-        if !charge.matches(&request) {
-            tracing::warn!(request_no = %i.request_no, "the charge under this number is another payment's: not refunded");
-            return Ok(Undone::NotOurs);
+            match charge.status {
+                ChargeStatus::Declined => return Ok(Undone::NothingTaken),
+                ChargeStatus::Processing => return Err(StepError::UnknownOutcome(processing_charge(i))),
+                ChargeStatus::Succeeded => charge.charge_id,
+            }
         }
-        match charge.status {
-            ChargeStatus::Declined => return Ok(Undone::NothingTaken),
-            ChargeStatus::Processing => return Err(StepError::UnknownOutcome("the charge is processing".into())),
-            ChargeStatus::Succeeded => {}
-        }
-    }
+    };
     let refund = RefundRequest {
         merchant_id: request.merchant_id.clone(),
         merchant_refund_no: i.refund_no(),
@@ -163,14 +188,36 @@ pub(super) async fn undo_charge(channel: &dyn Channel, i: &PaymentInput, charged
         amount: i.amount,
         notify_url: None,
     };
+    let kept = |why: String| Ok(Undone::Kept { charge_id: charge_id.clone(), why });
     match channel.refund(&refund).await {
-        Ok(r) if r.status == RefundStatus::Succeeded => Ok(Undone::Refunded),
-        Ok(r) if r.status == RefundStatus::Processing => Err(StepError::UnknownOutcome("refund processing".into())),
-        Ok(_) => Err(StepError::terminal("refund_failed", "the channel refused the refund")),
+        Ok(r) if !r.matches(&refund) => {
+            tracing::warn!(request_no = %i.request_no, refund_no = %refund.merchant_refund_no, answered = ?r,
+                "the channel answered for another refund than the one asked: not believed, asked again");
+            Err(StepError::UnknownOutcome(format!(
+                "the channel's answer to refund {} is not that refund (number, charge, amount or merchant differ); \
+                 asking again",
+                refund.merchant_refund_no
+            )))
+        }
+        Ok(r) => match r.status {
+            RefundStatus::Succeeded => Ok(Undone::Refunded),
+            RefundStatus::Processing => Err(StepError::UnknownOutcome(format!(
+                "refund {} of charge {} is processing at the channel",
+                refund.merchant_refund_no, request.merchant_request_no
+            ))),
+            RefundStatus::Failed => {
+                kept(format!("the channel failed refund {} ({})", refund.merchant_refund_no, r.refund_id))
+            }
+        },
         Err(ChannelError::Refused { status, body }) => {
             tracing::warn!(request_no = %i.request_no, status, %body, "the channel refused the refund");
-            Err(StepError::terminal("refund_refused", "the channel refused the refund"))
+            kept(format!("the channel refused refund {} ({status})", refund.merchant_refund_no))
         }
         Err(e) => Err(unknown(e)),
     }
+}
+
+/// What a compensation waiting for this payment's `processing` charge waits for.
+fn processing_charge(i: &PaymentInput) -> String {
+    format!("the charge {} is processing at the channel; waiting for it to settle before it is refunded", i.request_no)
 }

@@ -6,4 +6,3 @@ mod charge;
 mod saga;
 
 pub use saga::PaymentSaga;
-pub(crate) use saga::payment_failed;

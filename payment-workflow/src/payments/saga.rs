@@ -8,9 +8,11 @@ use std::time::Duration;
 use crate::channel::Channel;
 use crate::model::{OrderStatus, PaymentStatus, Problem, StoredResponse};
 use crate::store::{PaymentStore, Reserve, ReserveSteps};
-use onceflow_engine::{BoxFuture, Compensation, Failure, Interrupt, RetryPolicy, Workflow, WorkflowContext, step};
+use onceflow_engine::{
+    BoxFuture, Compensation, Failure, Interrupt, RetryPolicy, StepError, Workflow, WorkflowContext, step,
+};
 
-use super::charge::{ChargeOutcome, charge, undo_charge};
+use super::charge::{ChargeOutcome, Undone, charge, undo_charge};
 use crate::model::PaymentInput;
 
 /// The payment workflow type.
@@ -31,11 +33,6 @@ impl PaymentSaga {
         };
         Self { channel, channel_retry }
     }
-}
-
-/// The answer to a payment whose workflow failed without one (an engine failure, a compensation's).
-pub(crate) fn payment_failed() -> Problem {
-    Problem::new(502, "payment_failed", "Payment failed", "the payment could not be completed")
 }
 
 impl<S: PaymentStore> Workflow<S> for PaymentSaga {
@@ -131,13 +128,16 @@ impl PaymentSaga {
                         | ChargeOutcome::NotOurs
                         | ChargeOutcome::Refused { after_unknown: false, .. },
                     ) => return Ok(()),
-                    Some(ChargeOutcome::Charged { .. }) => true,
+                    Some(ChargeOutcome::Charged { charge_id }) => Some(charge_id),
                     // Unknown, or refused while an earlier request may be in flight: close the number first.
-                    Some(ChargeOutcome::Refused { after_unknown: true, .. }) | None => false,
+                    Some(ChargeOutcome::Refused { after_unknown: true, .. }) | None => None,
                 };
                 let channel = &self.channel;
-                let undo = |_| undo_charge(channel.as_ref(), &i, charged);
+                let undo = |_| undo_charge(channel.as_ref(), &i, charged.clone());
                 let undone = ctx.external(step("refund").retry(self.channel_retry), undo).await?;
+                if let Undone::Kept { charge_id, why } = undone {
+                    return keep_charge(ctx, &i, now, charge_id, why).await;
+                }
                 tracing::info!(request_no = %i.request_no, ?undone, "charge undone");
                 Ok(())
             }
@@ -162,7 +162,10 @@ impl PaymentSaga {
                 }
                 let declined = failure.code == "payment_declined";
                 let status = if declined { PaymentStatus::Declined } else { PaymentStatus::Failed };
-                let code = Problem::of_failure(failure).and_then(|answer| answer.decline_code);
+                // A decline keeps the channel's reason; a failure, the code of its answer (what store_response
+                // stores), from which the answer is rebuilt once the token is gone.
+                let answer = Problem::of_failure(failure).unwrap_or_else(Problem::payment_failed);
+                let code = if declined { answer.decline_code } else { Some(answer.code) };
                 let (tenant, request_no, token) = (i.tenant.clone(), i.request_no.clone(), i.token.clone());
                 ctx.transactional("fail_record", move |c| -> BoxFuture<'_, _> {
                     Box::pin(async move {
@@ -176,7 +179,7 @@ impl PaymentSaga {
                 if !wrote {
                     return Ok(());
                 }
-                let response = Problem::of_failure(failure).unwrap_or_else(payment_failed).response();
+                let response = Problem::of_failure(failure).unwrap_or_else(Problem::payment_failed).response();
                 let token = i.token.clone();
                 ctx.transactional("store_response", move |c| -> BoxFuture<'_, _> {
                     Box::pin(async move {
@@ -191,44 +194,81 @@ impl PaymentSaga {
     }
 }
 
+/// The way out of a charge the channel would not give back ([`Undone::Kept`]): the payment rolls forward. In one
+/// step — committed with the workflow's end — the order goes `paying → paid` (only under this payment's
+/// reservation), the record `succeeded` with the charge, the token `completed` with the charge's `201`; the
+/// workflow ends `completed` with that answer, its exception `kept_after_failed_refund` kept for operators (and
+/// logged, and counted). The compensations after the refund never run. Should the order no longer be this
+/// payment's (nothing moves it but this payment's own steps), nothing is written and the workflow ends
+/// `compensation_failed` for an operator.
+async fn keep_charge<S: PaymentStore>(
+    ctx: &mut WorkflowContext<S>,
+    i: &PaymentInput,
+    now: i64,
+    charge_id: String,
+    why: String,
+) -> Result<(), Interrupt> {
+    let body = i.payment_body(PaymentStatus::Succeeded, Some(&charge_id)).render();
+    let response = StoredResponse { status: 201, body: body.clone() };
+    let (tenant, order_no, request_no, token) =
+        (i.tenant.clone(), i.order_no.clone(), i.request_no.clone(), i.token.clone());
+    let charge = charge_id.clone();
+    ctx.transactional("keep_charge", move |c| -> BoxFuture<'_, _> {
+        Box::pin(async move {
+            if !S::move_order(&mut *c, tenant.clone(), order_no, request_no.clone(), OrderStatus::Paid, now).await? {
+                return Err(StepError::terminal(
+                    "order_not_paying",
+                    "the order is no longer paying under this payment: its charge cannot be kept",
+                ));
+            }
+            S::succeed_payment(&mut *c, tenant, request_no, token.clone(), charge, now).await?;
+            S::complete_token(&mut *c, token, 201, body, now).await?;
+            Ok(())
+        })
+    })
+    .await?;
+    metrics::counter!("onceflow_payments_kept_after_failed_refund_total").increment(1);
+    tracing::warn!(tenant = %i.tenant, request_no = %i.request_no, %charge_id, %why,
+        "the refund of a cancelled payment failed: the charge is kept and the payment completed (an operator may refund it)");
+    let exception = Failure::new(
+        "kept_after_failed_refund",
+        "the channel did not refund the charge: it is kept, the order paid and the payment succeeded; refund it \
+         as a merchant refund if the money must go back",
+    )
+    .with_details(serde_json::json!({ "charge_id": charge_id, "refund": why }));
+    let output = serde_json::to_value(&response).map_err(|e| Interrupt::Engine(e.into()))?;
+    Err(Interrupt::RolledForward { output, exception })
+}
+
 /// The answer to a payment whose order was not reserved (`None`: its `request_no` is another payment's), and
 /// whether the payment's record is its own (inserted by it) to mark `failed`.
-fn rejection(i: &PaymentInput, reserve: Option<Reserve>) -> (bool, StoredResponse) {
-    let answer = |status, code, title, detail: &str| Problem::new(status, code, title, detail).response();
+fn rejection(i: &PaymentInput, reserve: Option<Reserve>) -> (bool, Problem) {
     match reserve {
-        None => {
-            let detail = format!("request_no {} is already used by another payment", i.request_no);
-            (false, answer(409, "request_no_conflict", "Request number in use", &detail))
-        }
-        Some(Reserve::NotFound) => {
-            let detail = format!("order {} does not exist", i.order_no);
-            (true, answer(404, "order_not_found", "Order not found", &detail))
-        }
-        Some(Reserve::Mismatch) => {
-            (true, answer(422, "amount_mismatch", "Amount mismatch", "amount or currency differ from the order's"))
-        }
-        Some(Reserve::NotPayable | Reserve::Reserved) => {
-            let detail = format!("order {} is paid or has a payment in flight", i.order_no);
-            (true, answer(409, "order_not_payable", "Order not payable", &detail))
-        }
+        None => (false, Problem::request_no_conflict(&i.request_no)),
+        Some(Reserve::NotFound) => (true, Problem::order_not_found(&i.order_no)),
+        Some(Reserve::Mismatch) => (true, Problem::amount_mismatch()),
+        Some(Reserve::NotPayable | Reserve::Reserved) => (true, Problem::order_not_payable(&i.order_no)),
     }
 }
 
-/// A rejection decided before the channel: stored on the token (and on the record when it is ours), replayed.
+/// A rejection decided before the channel: stored on the token (and on the record when it is ours, with the
+/// answer's code, which rebuilds the answer once the token is gone), replayed.
 async fn reject<S: PaymentStore>(
     ctx: &mut WorkflowContext<S>,
     i: &PaymentInput,
     record_is_ours: bool,
-    response: StoredResponse,
+    answer: Problem,
 ) -> Result<StoredResponse, Interrupt> {
     let now = ctx.now_ms();
     let (tenant, request_no, token) = (i.tenant.clone(), i.request_no.clone(), i.token.clone());
+    let response = answer.response();
     let stored = response.clone();
+    let code = answer.code;
     ctx.transactional("reject", move |c| -> BoxFuture<'_, _> {
         Box::pin(async move {
             if record_is_ours {
                 let (failed, ours) = (PaymentStatus::Failed, token.clone());
-                S::fail_payment(&mut *c, tenant, request_no, ours, failed, None, now).await?;
+                S::fail_payment(&mut *c, tenant, request_no, ours, failed, Some(code), now).await?;
             }
             S::complete_token(&mut *c, token, i32::from(stored.status), stored.body, now).await?;
             Ok(())

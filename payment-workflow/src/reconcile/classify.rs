@@ -140,6 +140,7 @@ mod tests {
             decline_code: None,
             refunded_amount: 0,
             refund_reserved: 0,
+            failure_code: None,
             created_at: 0,
             updated_at: 0,
         }

@@ -63,9 +63,8 @@ impl<S: PaymentStore> Payments<S> {
                 Some(record) if record.token != token => self.answer_of_payment(tenant, record, request, wait).await,
                 // The command's own payment, and yet a conflict: its answer and its history were deleted (past
                 // their retention), so this delivery started afresh and met its own record. With the record's
-                // fields, what the record says, unless it failed: then the conflict stands (the record does not
-                // hold a failure's answer, and it is also what a payment whose number the channel holds for
-                // another answers). With other fields, 422.
+                // fields, what the record says (a failure's answer rebuilt from the code it keeps; for one
+                // recorded before it kept one, the conflict stands). With other fields, 422.
                 Some(record) if same_fields(&record, request) => Ok(answer_of_record(&record).unwrap_or(response)),
                 Some(_) => Ok(command_mismatch(request_no)),
                 None => Ok(response),
@@ -127,15 +126,20 @@ fn same_fields(record: &PaymentRecord, request: &PaymentRequest) -> bool {
 }
 
 /// A payment's answer from its record alone, for when neither its token's stored answer nor its workflow is kept:
-/// a charge (`201`, the bytes it was answered with), a decline (`402`, likewise), a payment still running
-/// (`202`); `None` for a failed one, whose answer the record does not hold.
+/// a charge (`201`, the bytes it was answered with), a decline (`402`, likewise), a failure (its answer, rebuilt
+/// from the code the record keeps), a payment still running (`202`); `None` for a failed one recorded before its
+/// record kept the code.
 fn answer_of_record(record: &PaymentRecord) -> Option<PayResponse> {
     let replayed = |r: StoredResponse| PayResponse { replayed: true, ..PayResponse::fresh(r) };
     match record.status {
         PaymentStatus::Succeeded => Some(replayed(StoredResponse { status: 201, body: record.body().render() })),
         PaymentStatus::Declined => Some(replayed(Problem::declined(record.decline_code.clone()).response())),
         PaymentStatus::Processing => Some(processing(record)),
-        PaymentStatus::Failed => None,
+        PaymentStatus::Failed => record
+            .failure_code
+            .as_deref()
+            .and_then(|code| Problem::of_failed_payment(code, &record.order_no, &record.request_no))
+            .map(|answer| replayed(answer.response())),
     }
 }
 

@@ -157,6 +157,7 @@ impl<S: PaymentStore> Payments<S> {
             currency: currency.clone(),
             status: OrderStatus::Pending,
             version: 0,
+            reserved_by: None,
             created_at: now,
             updated_at: now,
         };

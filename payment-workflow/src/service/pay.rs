@@ -80,8 +80,7 @@ impl<S: PaymentStore> Payments<S> {
         }
         // The order must exist before anything is bound to the token: an unknown order is not stored.
         if !order_exists {
-            let detail = format!("order {} does not exist", request.order_no());
-            return Ok(PayResponse::problem(404, "order_not_found", "Order not found", &detail));
+            return Ok(PayResponse::fresh(Problem::order_not_found(request.order_no()).response()));
         }
         match self.run(&input, wait, stored.state != TokenState::Issued).await {
             Ok((response, _)) => Ok(response),
@@ -122,7 +121,7 @@ impl<S: PaymentStore> Payments<S> {
                 PayResponse { replayed, ..PayResponse::fresh(response) }
             }
             Some(Outcome::Failed(f) | Outcome::CompensationFailed(f) | Outcome::Cancelled(f)) => {
-                let response = Problem::of_failure(&f).unwrap_or_else(crate::payments::payment_failed).response();
+                let response = Problem::of_failure(&f).unwrap_or_else(Problem::payment_failed).response();
                 PayResponse { replayed, ..PayResponse::fresh(response) }
             }
             None => PayResponse {

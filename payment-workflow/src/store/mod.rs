@@ -134,15 +134,17 @@ pub trait PaymentStore: Store + RefundStore + crate::events::EventStore + Channe
         now: i64,
     ) -> Sql<'c, bool>;
 
-    /// Sets the status (and decline code) of this payment's record — the tenant's `request_no` inserted under
-    /// `token` — while it is `processing`: never another payment's record, never a final one.
+    /// Sets the status of this payment's record — the tenant's `request_no` inserted under `token` — while it is
+    /// `processing`: never another payment's record, never a final one. `code`: of a `declined` payment, the
+    /// channel's decline code (`decline_code`); of a `failed` one, its answer's problem code (`failure_code`),
+    /// from which that answer is rebuilt once its token is gone.
     fn fail_payment<'c>(
         conn: &'c mut Conn<Self>,
         tenant: String,
         request_no: RequestNo,
         token: Token,
         status: PaymentStatus,
-        decline_code: Option<String>,
+        code: Option<String>,
         now: i64,
     ) -> Sql<'c, ()>;
 
@@ -235,6 +237,18 @@ pub trait PaymentStore: Store + RefundStore + crate::events::EventStore + Channe
     fn all_orders(&self) -> impl Future<Output = Result<Vec<Order>, sqlx::Error>> + Send;
     /// Every payment record (for the invariant checker).
     fn all_payments(&self) -> impl Future<Output = Result<Vec<PaymentRecord>, sqlx::Error>> + Send;
+
+    /// This payment's record — the tenant's `request_no` inserted under `token` — `processing → succeeded` with
+    /// `charge_id`, a payment that rolled forward (its charge could not be refunded); whether it did. Never
+    /// another payment's record, never a final one.
+    fn succeed_payment<'c>(
+        conn: &'c mut Conn<Self>,
+        tenant: String,
+        request_no: RequestNo,
+        token: Token,
+        charge_id: String,
+        now: i64,
+    ) -> Sql<'c, bool>;
 }
 
 /// A token row with whether the tenant has the order (see [`PaymentStore::token_and_order`]).

@@ -150,12 +150,14 @@ where
         request_no: RequestNo,
         token: Token,
         status: PaymentStatus,
-        decline_code: Option<String>,
+        code: Option<String>,
         now: i64,
     ) -> Sql<'c, ()> {
+        let (decline_code, failure_code) = if status == PaymentStatus::Declined { (code, None) } else { (None, code) };
         Box::pin(async move {
             sqlx::query(
-                "UPDATE payments SET status = $3, decline_code = COALESCE($4, decline_code), updated_at = $5 \
+                "UPDATE payments SET status = $3, decline_code = COALESCE($4, decline_code), \
+                 failure_code = COALESCE($7, failure_code), updated_at = $5 \
                  WHERE tenant = $1 AND request_no = $2 AND token = $6 AND status = 'processing'",
             )
             .bind(tenant)
@@ -164,6 +166,7 @@ where
             .bind(decline_code)
             .bind(now)
             .bind(token)
+            .bind(failure_code)
             .execute(conn)
             .await?;
             Ok(())
@@ -372,5 +375,29 @@ where
 
     async fn all_payments(&self) -> Result<Vec<PaymentRecord>, sqlx::Error> {
         sqlx::query_as("SELECT * FROM payments ORDER BY tenant, request_no").fetch_all(self.pool()).await
+    }
+
+    fn succeed_payment<'c>(
+        conn: &'c mut Conn<Self>,
+        tenant: String,
+        request_no: RequestNo,
+        token: Token,
+        charge_id: String,
+        now: i64,
+    ) -> Sql<'c, bool> {
+        Box::pin(async move {
+            let done = sqlx::query(
+                "UPDATE payments SET status = 'succeeded', charge_id = $4, updated_at = $5 \
+                 WHERE tenant = $1 AND request_no = $2 AND token = $3 AND status = 'processing'",
+            )
+            .bind(tenant)
+            .bind(request_no)
+            .bind(token)
+            .bind(charge_id)
+            .bind(now)
+            .execute(conn)
+            .await?;
+            Ok(S::rows_affected(&done) == 1)
+        })
     }
 }

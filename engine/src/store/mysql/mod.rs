@@ -19,8 +19,8 @@ use sqlx::{Executor, MySql};
 
 use super::common::{self, Cleanup};
 use super::{
-    CompensationRecord, Conn, Deleted, Listener, Reopen, StepRecord, Store, Tx, WorkflowFilter, WorkflowRecord,
-    WorkflowState, WorkflowUpdate, compensations,
+    Checkpoint, Committed, CompensationRecord, Conn, Deleted, Lease, Listener, Reopen, StepRecord, Store, Tx,
+    WorkflowFilter, WorkflowRecord, WorkflowState, WorkflowUpdate, WorkflowWrite, compensations,
 };
 use crate::error::Result;
 
@@ -42,10 +42,24 @@ pub static MIGRATOR: sqlx::migrate::Migrator =
 const SESSION: [&str; 2] =
     ["SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED", "SET SESSION innodb_lock_wait_timeout = 10"];
 
+/// The database's clock in milliseconds since the epoch, which judges leases (see [`Lease`]); sessions run in UTC
+/// (sqlx sets `time_zone`), so no daylight-saving hour is read twice.
+macro_rules! db_now {
+    () => {
+        "CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED)"
+    };
+}
+
 /// Inserts a workflow with its compensation list, in the order of [`bind_workflow`]; a duplicate key fails it.
-const INSERT_WORKFLOW: &str = "INSERT INTO workflows (workflow_id, name, input, input_hash, state, output, error, \
+/// Its lease is moved onto the database's clock when the first parameter of `lease_expires_at` says so (see
+/// [`super::Checkpoint::leases_by_database`]).
+const INSERT_WORKFLOW: &str = concat!(
+    "INSERT INTO workflows (workflow_id, name, input, input_hash, state, output, error, \
     lease_owner, lease_expires_at, lease_epoch, next_attempt_at, notify, created_at, updated_at, compensations, \
-    tenant, trace) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
+    tenant, trace) VALUES (?, ?, ?, ?, ?, ?, ?, ?, CASE WHEN ? THEN ? + ",
+    db_now!(),
+    " ELSE ? END, ?, ?, ?, ?, ?, ?, ?, ?)"
+);
 /// Inserts step rows (followed by a `(?, …)` list per row, in the order of [`bind_steps`]).
 const INSERT_STEPS: &str = "INSERT INTO workflow_steps \
     (workflow_id, step_key, step_name, kind, status, attempts, output, error, started_at, finished_at, seq) VALUES ";
@@ -66,17 +80,42 @@ const SELECT_WORKFLOW: &str = "SELECT * FROM workflows WHERE workflow_id = ?";
 const SELECT_STEPS: &str = "SELECT * FROM workflow_steps WHERE workflow_id = ? ORDER BY seq, started_at, step_key";
 const SELECT_COMPENSATIONS: &str = "SELECT compensations FROM workflows WHERE workflow_id = ?";
 /// The heartbeat, followed by the list of ids it extends (`(?, ?, …)`, at most [`HEARTBEAT_CHUNK`]).
-const HEARTBEAT: &str = "UPDATE workflows SET lease_expires_at = ? \
-    WHERE lease_owner = ? AND state IN ('running', 'compensating') AND lease_expires_at > ? AND workflow_id IN ";
+const HEARTBEAT: &str = concat!(
+    "UPDATE workflows SET lease_expires_at = COALESCE(?, ",
+    db_now!(),
+    ") + ? WHERE lease_owner = ? AND state IN ('running', 'compensating') AND lease_expires_at > COALESCE(?, ",
+    db_now!(),
+    ") AND workflow_id IN "
+);
 /// Most ids one heartbeat statement lists.
 const HEARTBEAT_CHUNK: usize = 500;
 const RELEASE: &str = "UPDATE workflows SET lease_owner = NULL, lease_expires_at = NULL, next_attempt_at = ?, \
     updated_at = ? WHERE workflow_id = ? AND lease_epoch = ?";
 const RELEASE_ALL: &str = "UPDATE workflows SET lease_owner = NULL, lease_expires_at = NULL, next_attempt_at = ?, \
     updated_at = ? WHERE lease_owner = ? AND state IN ('running', 'compensating')";
-const DUE: &str = "SELECT workflow_id FROM workflows WHERE state IN ('running', 'compensating') \
-    AND next_attempt_at <= ? AND (lease_expires_at IS NULL OR lease_expires_at <= ?) \
-    ORDER BY next_attempt_at LIMIT ? FOR UPDATE SKIP LOCKED";
+/// Due by the engine's clock; the lease by the database's (a null) or the engine's.
+const DUE: &str = concat!(
+    "SELECT workflow_id FROM workflows WHERE state IN ('running', 'compensating') \
+    AND next_attempt_at <= ? AND (lease_expires_at IS NULL OR lease_expires_at <= COALESCE(?, ",
+    db_now!(),
+    ")) ORDER BY next_attempt_at LIMIT ? FOR UPDATE SKIP LOCKED"
+);
+/// Leases the workflows [`DUE`] chose (followed by their ids' list).
+const LEASE_DUE: &str = concat!(
+    "UPDATE workflows SET lease_owner = ?, lease_expires_at = COALESCE(?, ",
+    db_now!(),
+    ") + ?, lease_epoch = lease_epoch + 1 WHERE workflow_id IN "
+);
+/// [`Store::claim`]: one workflow, due or not, if its lease is free or ended.
+const CLAIM: &str = concat!(
+    "UPDATE workflows SET lease_owner = ?, lease_expires_at = COALESCE(?, ",
+    db_now!(),
+    ") + ?, lease_epoch = lease_epoch + 1, next_attempt_at = LEAST(next_attempt_at, ?) \
+    WHERE workflow_id = ? AND state IN ('running', 'compensating') \
+    AND (lease_owner = ? OR lease_expires_at IS NULL OR lease_expires_at <= COALESCE(?, ",
+    db_now!(),
+    "))"
+);
 
 /// A [`Store`] on MySQL or MariaDB.
 #[derive(Debug, Clone)]
@@ -146,8 +185,9 @@ fn placeholders(n: usize) -> String {
     vec!["?"; n].join(", ")
 }
 
-/// Binds `wf` and its stored compensation list `comps` for [`INSERT_WORKFLOW`].
-fn bind_workflow<'q>(q: MySqlQuery<'q>, wf: &WorkflowRecord, comps: String) -> MySqlQuery<'q> {
+/// Binds `wf` and its stored compensation list `comps` for [`INSERT_WORKFLOW`]; `by_database`: its lease is moved
+/// onto the database's clock.
+fn bind_workflow<'q>(q: MySqlQuery<'q>, wf: &WorkflowRecord, comps: String, by_database: bool) -> MySqlQuery<'q> {
     q.bind(&wf.workflow_id)
         .bind(&wf.name)
         .bind(&wf.input)
@@ -156,6 +196,8 @@ fn bind_workflow<'q>(q: MySqlQuery<'q>, wf: &WorkflowRecord, comps: String) -> M
         .bind(&wf.output)
         .bind(&wf.error)
         .bind(&wf.lease_owner)
+        .bind(by_database)
+        .bind(wf.lease_expires_at.map(|until| until - wf.created_at))
         .bind(wf.lease_expires_at)
         .bind(wf.lease_epoch)
         .bind(wf.next_attempt_at)
@@ -196,6 +238,21 @@ fn cleanup_sql(cleanup: Cleanup) -> &'static str {
     }
 }
 
+/// Inserts `wf` (see [`INSERT_WORKFLOW`]); `false` when its id exists.
+async fn insert(
+    conn: &mut Conn<MySqlStore>,
+    wf: &WorkflowRecord,
+    compensations: &[CompensationRecord],
+    by_database: bool,
+) -> Result<bool> {
+    let q = bind_workflow(sqlx::query(INSERT_WORKFLOW), wf, compensations::encode(compensations)?, by_database);
+    match q.execute(&mut *conn).await {
+        Ok(_) => Ok(true),
+        Err(e) if duplicate(&e) => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// True when an insert hit an existing key: MySQL rolls back only that statement, the transaction goes on.
 fn duplicate(e: &sqlx::Error) -> bool {
     matches!(e, sqlx::Error::Database(db) if db.is_unique_violation())
@@ -226,12 +283,26 @@ impl Store for MySqlStore {
         wf: &WorkflowRecord,
         compensations: &[CompensationRecord],
     ) -> Result<bool> {
-        let q = bind_workflow(sqlx::query(INSERT_WORKFLOW), wf, compensations::encode(compensations)?);
-        match q.execute(&mut *conn).await {
-            Ok(_) => Ok(true),
-            Err(e) if duplicate(&e) => Ok(false),
-            Err(e) => Err(e.into()),
+        insert(conn, wf, compensations, false).await
+    }
+
+    /// The default bookkeeping, with the inserted row's lease moved onto the database's clock when the
+    /// checkpoint says so.
+    async fn persist(&self, conn: &mut Conn<Self>, checkpoint: &Checkpoint<'_>) -> Result<Committed> {
+        let comps = checkpoint.compensations;
+        if let WorkflowWrite::Insert(row) = checkpoint.workflow
+            && !insert(conn, row, comps.unwrap_or_default(), checkpoint.leases_by_database).await?
+        {
+            return Ok(Committed::Duplicate);
         }
+        self.write_steps(conn, checkpoint.steps).await?;
+        Ok(match checkpoint.workflow {
+            WorkflowWrite::Insert(_) => Committed::done(),
+            WorkflowWrite::Fence(f) => match self.fence(conn, f.workflow_id, f.epoch, f.update, f.now, comps).await? {
+                Some(notify) => Committed::Done { notify, outputs: Vec::new() },
+                None => Committed::LeaseLost,
+            },
+        })
     }
 
     async fn write_steps(&self, conn: &mut Conn<Self>, steps: &[StepRecord]) -> Result<()> {
@@ -293,19 +364,16 @@ impl Store for MySqlStore {
         compensations::decode(workflow_id, stored.flatten().as_deref())
     }
 
-    async fn claim_due(&self, owner: &str, now: i64, lease_until: i64, limit: i64) -> Result<Vec<WorkflowRecord>> {
+    async fn claim_due(&self, owner: &str, lease: Lease, limit: i64) -> Result<Vec<WorkflowRecord>> {
         let mut tx = self.leases.begin().await?;
-        let ids: Vec<String> = sqlx::query_scalar(DUE).bind(now).bind(now).bind(limit).fetch_all(&mut *tx).await?;
+        let due = sqlx::query_scalar(DUE).bind(lease.now).bind(lease.given_now()).bind(limit);
+        let ids: Vec<String> = due.fetch_all(&mut *tx).await?;
         if ids.is_empty() {
             tx.commit().await?;
             return Ok(Vec::new());
         }
-        let sql = format!(
-            "UPDATE workflows SET lease_owner = ?, lease_expires_at = ?, lease_epoch = lease_epoch + 1 \
-             WHERE workflow_id IN ({})",
-            placeholders(ids.len())
-        );
-        let mut q = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(owner).bind(lease_until);
+        let sql = format!("{LEASE_DUE}({})", placeholders(ids.len()));
+        let mut q = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(owner).bind(lease.given_now()).bind(lease.length_ms);
         for id in &ids {
             q = q.bind(id);
         }
@@ -315,11 +383,12 @@ impl Store for MySqlStore {
         Ok(claimed)
     }
 
-    async fn heartbeat(&self, owner: &str, workflow_ids: &[String], lease_until: i64, now: i64) -> Result<u64> {
+    async fn heartbeat(&self, owner: &str, workflow_ids: &[String], lease: Lease) -> Result<u64> {
         let mut extended = 0;
         for ids in workflow_ids.chunks(HEARTBEAT_CHUNK) {
             let sql = format!("{HEARTBEAT}({})", placeholders(ids.len()));
-            let mut q = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(lease_until).bind(owner).bind(now);
+            let q = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(lease.given_now()).bind(lease.length_ms);
+            let mut q = q.bind(owner).bind(lease.given_now());
             for id in ids {
                 q = q.bind(id);
             }
@@ -426,5 +495,18 @@ impl Store for MySqlStore {
 
     async fn listen(&self) -> Result<Option<Listener>> {
         Ok(None)
+    }
+
+    async fn claim(&self, workflow_id: &str, owner: &str, lease: Lease) -> Result<Option<WorkflowRecord>> {
+        let mut tx = self.leases.begin().await?;
+        let q = sqlx::query(CLAIM).bind(owner).bind(lease.given_now()).bind(lease.length_ms).bind(lease.now);
+        let done = q.bind(workflow_id).bind(owner).bind(lease.given_now()).execute(&mut *tx).await?;
+        let claimed = if done.rows_affected() == 1 {
+            sqlx::query_as(SELECT_WORKFLOW).bind(workflow_id).fetch_optional(&mut *tx).await?
+        } else {
+            None
+        };
+        tx.commit().await?;
+        Ok(claimed)
     }
 }

@@ -13,8 +13,8 @@ use sqlx::{Postgres, Row};
 use super::common::{self, Cleanup};
 use super::held::Held;
 use super::{
-    Checkpoint, Committed, CompensationRecord, Conn, Deleted, Listener, ListenerInner, Reopen, StepRecord, Store, Tx,
-    WorkflowFilter, WorkflowRecord, WorkflowState, WorkflowUpdate, Writer, compensations,
+    Checkpoint, Committed, CompensationRecord, Conn, Deleted, Lease, Listener, ListenerInner, Reopen, StepRecord,
+    Store, Tx, WorkflowFilter, WorkflowRecord, WorkflowState, WorkflowUpdate, Writer, compensations,
 };
 use crate::error::Result;
 use crate::phase::PhaseCommit;
@@ -33,6 +33,10 @@ pub static MIGRATOR: sqlx::migrate::Migrator =
 
 /// Connections of the lease heartbeat and the recovery scan, besides the pool.
 const LEASE_CONNECTIONS: u32 = 2;
+
+/// The database's clock in milliseconds since the epoch, which judges leases (see [`Lease`]): the time of the
+/// statement's evaluation, not of its transaction's start.
+pub(super) const DB_NOW: &str = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint";
 
 /// The channel on which a finished workflow's id is sent to waiters in other processes.
 const NOTIFY_CHANNEL: &str = "onceflow_workflow_done";
@@ -142,7 +146,7 @@ impl Store for PgStore {
         compensations: &[CompensationRecord],
     ) -> Result<bool> {
         let q = sqlx::query(sqlx::AssertSqlSafe(rows::insert_workflow_sql(1)));
-        let done = rows::bind_workflow(q, wf, compensations::encode(compensations)?).execute(&mut *conn).await?;
+        let done = rows::bind_workflow(q, wf, compensations::encode(compensations)?, false).execute(&mut *conn).await?;
         Ok(done.rows_affected() == 1)
     }
 
@@ -208,33 +212,39 @@ impl Store for PgStore {
         compensations::decode(workflow_id, stored.flatten().as_deref())
     }
 
-    async fn claim_due(&self, owner: &str, now: i64, lease_until: i64, limit: i64) -> Result<Vec<WorkflowRecord>> {
-        Ok(sqlx::query_as(
-            "UPDATE workflows w SET lease_owner = $1, lease_expires_at = $3, lease_epoch = w.lease_epoch + 1 \
+    /// Due by the engine's clock (`$2`); the lease by the database's (`$3` null) or the engine's.
+    async fn claim_due(&self, owner: &str, lease: Lease, limit: i64) -> Result<Vec<WorkflowRecord>> {
+        let sql = format!(
+            "UPDATE workflows w SET lease_owner = $1, lease_expires_at = COALESCE($3, {DB_NOW}) + $4, \
+             lease_epoch = w.lease_epoch + 1 \
              FROM (SELECT workflow_id FROM workflows \
                    WHERE state IN ('running', 'compensating') AND next_attempt_at <= $2 \
-                     AND (lease_expires_at IS NULL OR lease_expires_at <= $2) \
-                   ORDER BY next_attempt_at LIMIT $4 FOR UPDATE SKIP LOCKED) due \
-             WHERE w.workflow_id = due.workflow_id RETURNING w.*",
-        )
-        .bind(owner)
-        .bind(now)
-        .bind(lease_until)
-        .bind(limit)
-        .fetch_all(&self.leases)
-        .await?)
+                     AND (lease_expires_at IS NULL OR lease_expires_at <= COALESCE($3, {DB_NOW})) \
+                   ORDER BY next_attempt_at LIMIT $5 FOR UPDATE SKIP LOCKED) due \
+             WHERE w.workflow_id = due.workflow_id RETURNING w.*"
+        );
+        Ok(sqlx::query_as(sqlx::AssertSqlSafe(sql))
+            .bind(owner)
+            .bind(lease.now)
+            .bind(lease.given_now())
+            .bind(lease.length_ms)
+            .bind(limit)
+            .fetch_all(&self.leases)
+            .await?)
     }
 
     /// The ids travel as one `text[]`.
-    async fn heartbeat(&self, owner: &str, workflow_ids: &[String], lease_until: i64, now: i64) -> Result<u64> {
+    async fn heartbeat(&self, owner: &str, workflow_ids: &[String], lease: Lease) -> Result<u64> {
         if workflow_ids.is_empty() {
             return Ok(0);
         }
-        let q = sqlx::query(
-            "UPDATE workflows SET lease_expires_at = $2 WHERE workflow_id = ANY($4) AND lease_owner = $1 \
-             AND state IN ('running', 'compensating') AND lease_expires_at > $3",
+        let sql = format!(
+            "UPDATE workflows SET lease_expires_at = COALESCE($2, {DB_NOW}) + $3 WHERE workflow_id = ANY($4) \
+             AND lease_owner = $1 AND state IN ('running', 'compensating') \
+             AND lease_expires_at > COALESCE($2, {DB_NOW})"
         );
-        let done = q.bind(owner).bind(lease_until).bind(now).bind(workflow_ids).execute(&self.leases).await?;
+        let q = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(owner).bind(lease.given_now()).bind(lease.length_ms);
+        let done = q.bind(workflow_ids).execute(&self.leases).await?;
         Ok(done.rows_affected())
     }
 
@@ -340,5 +350,16 @@ impl Store for PgStore {
         let mut listener = PgListener::connect_with(&self.pool).await?;
         listener.listen(NOTIFY_CHANNEL).await?;
         Ok(Some(Listener(ListenerInner::Postgres(listener))))
+    }
+
+    async fn claim(&self, workflow_id: &str, owner: &str, lease: Lease) -> Result<Option<WorkflowRecord>> {
+        let sql = format!(
+            "UPDATE workflows SET lease_owner = $2, lease_expires_at = COALESCE($3, {DB_NOW}) + $4, \
+             lease_epoch = lease_epoch + 1, next_attempt_at = LEAST(next_attempt_at, $5) \
+             WHERE workflow_id = $1 AND state IN ('running', 'compensating') AND (lease_owner = $2 \
+             OR lease_expires_at IS NULL OR lease_expires_at <= COALESCE($3, {DB_NOW})) RETURNING *"
+        );
+        let q = sqlx::query_as(sqlx::AssertSqlSafe(sql)).bind(workflow_id).bind(owner).bind(lease.given_now());
+        Ok(q.bind(lease.length_ms).bind(lease.now).fetch_optional(&self.leases).await?)
     }
 }

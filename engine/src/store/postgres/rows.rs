@@ -11,21 +11,32 @@ use super::super::{StepRecord, WorkflowRecord, WorkflowUpdate, common};
 pub(super) type PgQuery<'q> = sqlx::query::Query<'q, Postgres, PgArguments>;
 
 /// Parameters of [`insert_workflow_sql`].
-pub(super) const WORKFLOW_PARAMS: usize = 17;
+pub(super) const WORKFLOW_PARAMS: usize = 18;
 
 /// Inserts a workflow with its compensation list, parameters from `$first` in the order of [`bind_workflow`],
-/// unless its id exists.
+/// unless its id exists. The last parameter says whether the lease is judged by the database's clock: then
+/// `lease_expires_at` is moved onto it (see [`crate::store::Checkpoint::leases_by_database`]).
 pub(super) fn insert_workflow_sql(first: usize) -> String {
-    let mut sql = "INSERT INTO workflows (workflow_id, name, input, input_hash, state, output, error, lease_owner, \
-        lease_expires_at, lease_epoch, next_attempt_at, notify, created_at, updated_at, compensations, tenant, trace) VALUES "
-        .to_owned();
-    common::push_value_rows(&mut sql, 1, WORKFLOW_PARAMS, Some(first));
-    sql.push_str(" ON CONFLICT (workflow_id) DO NOTHING");
-    sql
+    let p = |i: usize| format!("${}", first + i);
+    let mut values: Vec<String> = (0..WORKFLOW_PARAMS - 1).map(p).collect();
+    values[8] = format!(
+        "CASE WHEN {by_db} THEN {expires} - {created} + {now} ELSE {expires} END",
+        by_db = p(17),
+        expires = p(8),
+        created = p(12),
+        now = super::DB_NOW
+    );
+    format!(
+        "INSERT INTO workflows (workflow_id, name, input, input_hash, state, output, error, lease_owner, \
+         lease_expires_at, lease_epoch, next_attempt_at, notify, created_at, updated_at, compensations, tenant, trace) \
+         VALUES ({}) ON CONFLICT (workflow_id) DO NOTHING",
+        values.join(", ")
+    )
 }
 
-/// Binds `wf` and its stored compensation list `comps` for [`insert_workflow_sql`].
-pub(super) fn bind_workflow<'q>(q: PgQuery<'q>, wf: &WorkflowRecord, comps: String) -> PgQuery<'q> {
+/// Binds `wf` and its stored compensation list `comps` for [`insert_workflow_sql`]; `by_database`: its lease is
+/// moved onto the database's clock.
+pub(super) fn bind_workflow<'q>(q: PgQuery<'q>, wf: &WorkflowRecord, comps: String, by_database: bool) -> PgQuery<'q> {
     q.bind(&wf.workflow_id)
         .bind(&wf.name)
         .bind(&wf.input)
@@ -43,6 +54,7 @@ pub(super) fn bind_workflow<'q>(q: PgQuery<'q>, wf: &WorkflowRecord, comps: Stri
         .bind(comps)
         .bind(&wf.tenant)
         .bind(&wf.trace)
+        .bind(by_database)
 }
 
 /// `workflow_steps` with its columns, in the order [`bind_steps`] binds them.

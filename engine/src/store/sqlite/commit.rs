@@ -36,7 +36,7 @@ fn bind_checkpoint<'q>(q: SqliteQuery<'q>, c: &Checkpoint<'_>) -> Result<SqliteQ
     let comps = c.compensations.map(compensations::encode).transpose()?;
     Ok(match c.workflow {
         WorkflowWrite::Insert(row) => {
-            let q = rows::bind_workflow(q, row, comps.unwrap_or_else(|| "[]".to_owned()));
+            let q = rows::bind_workflow(q, row, comps.unwrap_or_else(|| "[]".to_owned()), c.leases_by_database);
             rows::bind_steps(q, c.steps)
         }
         WorkflowWrite::Fence(f) => {

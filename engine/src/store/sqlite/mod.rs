@@ -16,8 +16,8 @@ use self::group_commit::GroupCommit;
 use super::common::{self, Cleanup};
 use super::held::Held;
 use super::{
-    Checkpoint, Committed, CompensationRecord, Conn, Deleted, Listener, Reopen, StepRecord, Store, Tx, WorkflowFilter,
-    WorkflowRecord, WorkflowState, WorkflowUpdate, Writer, compensations,
+    Checkpoint, Committed, CompensationRecord, Conn, Deleted, Lease, Listener, Reopen, StepRecord, Store, Tx,
+    WorkflowFilter, WorkflowRecord, WorkflowState, WorkflowUpdate, Writer, compensations,
 };
 use crate::error::Result;
 use crate::phase::PhaseCommit;
@@ -89,6 +89,10 @@ impl SqliteStore {
 /// after a statement, `EXISTS (SELECT 1 FROM temp.onceflow_phase WHERE flag = 'name')` in a later one.
 pub const PHASE_FLAGS: &str = "temp.onceflow_phase";
 
+/// The database's clock in milliseconds since the epoch, which judges leases (see [`Lease`]): on SQLite, the
+/// clock of its one process (`'now'` is read once per statement).
+pub(super) const DB_NOW: &str = "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)";
+
 /// The `DELETE` of a reopen's [`Cleanup`].
 fn cleanup_sql(cleanup: Cleanup) -> &'static str {
     match cleanup {
@@ -140,7 +144,7 @@ impl Store for SqliteStore {
         compensations: &[CompensationRecord],
     ) -> Result<bool> {
         let q = sqlx::query(sqlx::AssertSqlSafe(rows::insert_workflow_sql(1)));
-        let done = rows::bind_workflow(q, wf, compensations::encode(compensations)?).execute(&mut *conn).await?;
+        let done = rows::bind_workflow(q, wf, compensations::encode(compensations)?, false).execute(&mut *conn).await?;
         Ok(done.rows_affected() == 1)
     }
 
@@ -205,37 +209,43 @@ impl Store for SqliteStore {
         compensations::decode(workflow_id, stored.flatten().as_deref())
     }
 
-    async fn claim_due(&self, owner: &str, now: i64, lease_until: i64, limit: i64) -> Result<Vec<WorkflowRecord>> {
-        let mut tx = self.begin().await?;
-        let claimed = sqlx::query_as(
-            "UPDATE workflows SET lease_owner = $1, lease_expires_at = $3, lease_epoch = lease_epoch + 1 \
+    /// Due by the engine's clock (`$2`); the lease by the database's (`$3` null) or the engine's.
+    async fn claim_due(&self, owner: &str, lease: Lease, limit: i64) -> Result<Vec<WorkflowRecord>> {
+        let sql = format!(
+            "UPDATE workflows SET lease_owner = $1, lease_expires_at = COALESCE($3, {DB_NOW}) + $4, \
+             lease_epoch = lease_epoch + 1 \
              WHERE workflow_id IN (SELECT workflow_id FROM workflows \
                    WHERE state IN ('running', 'compensating') AND next_attempt_at <= $2 \
-                     AND (lease_expires_at IS NULL OR lease_expires_at <= $2) \
-                   ORDER BY next_attempt_at LIMIT $4) RETURNING *",
-        )
-        .bind(owner)
-        .bind(now)
-        .bind(lease_until)
-        .bind(limit)
-        .fetch_all(&mut *tx)
-        .await?;
+                     AND (lease_expires_at IS NULL OR lease_expires_at <= COALESCE($3, {DB_NOW})) \
+                   ORDER BY next_attempt_at LIMIT $5) RETURNING *"
+        );
+        let mut tx = self.begin().await?;
+        let claimed = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+            .bind(owner)
+            .bind(lease.now)
+            .bind(lease.given_now())
+            .bind(lease.length_ms)
+            .bind(limit)
+            .fetch_all(&mut *tx)
+            .await?;
         tx.commit().await?;
         Ok(claimed)
     }
 
     /// The ids travel as one JSON array.
-    async fn heartbeat(&self, owner: &str, workflow_ids: &[String], lease_until: i64, now: i64) -> Result<u64> {
+    async fn heartbeat(&self, owner: &str, workflow_ids: &[String], lease: Lease) -> Result<u64> {
         if workflow_ids.is_empty() {
             return Ok(0);
         }
         let ids = serde_json::to_string(workflow_ids)?;
-        let mut w = self.writer().await?;
-        let q = sqlx::query(
-            "UPDATE workflows SET lease_expires_at = $2 WHERE workflow_id IN (SELECT value FROM json_each($4)) \
-             AND lease_owner = $1 AND state IN ('running', 'compensating') AND lease_expires_at > $3",
+        let sql = format!(
+            "UPDATE workflows SET lease_expires_at = COALESCE($2, {DB_NOW}) + $3 \
+             WHERE workflow_id IN (SELECT value FROM json_each($4)) AND lease_owner = $1 \
+             AND state IN ('running', 'compensating') AND lease_expires_at > COALESCE($2, {DB_NOW})"
         );
-        let done = q.bind(owner).bind(lease_until).bind(now).bind(ids).execute(&mut *w).await;
+        let mut w = self.writer().await?;
+        let q = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(owner).bind(lease.given_now()).bind(lease.length_ms);
+        let done = q.bind(ids).execute(&mut *w).await;
         Ok(w.check(done)?.rows_affected())
     }
 
@@ -339,5 +349,18 @@ impl Store for SqliteStore {
 
     async fn listen(&self) -> Result<Option<Listener>> {
         Ok(None)
+    }
+
+    async fn claim(&self, workflow_id: &str, owner: &str, lease: Lease) -> Result<Option<WorkflowRecord>> {
+        let sql = format!(
+            "UPDATE workflows SET lease_owner = $2, lease_expires_at = COALESCE($3, {DB_NOW}) + $4, \
+             lease_epoch = lease_epoch + 1, next_attempt_at = MIN(next_attempt_at, $5) \
+             WHERE workflow_id = $1 AND state IN ('running', 'compensating') AND (lease_owner = $2 \
+             OR lease_expires_at IS NULL OR lease_expires_at <= COALESCE($3, {DB_NOW})) RETURNING *"
+        );
+        let mut w = self.writer().await?;
+        let q = sqlx::query_as(sqlx::AssertSqlSafe(sql)).bind(workflow_id).bind(owner).bind(lease.given_now());
+        let found = q.bind(lease.length_ms).bind(lease.now).fetch_optional(&mut *w).await;
+        Ok(w.check(found)?)
     }
 }

@@ -93,10 +93,15 @@ impl PaymentStore for MySqlStore {
         request_no: RequestNo,
         token: Token,
         status: PaymentStatus,
-        decline_code: Option<String>,
+        code: Option<String>,
         now: i64,
     ) -> Sql<'c, ()> {
-        Box::pin(steps::set_payment_status(conn, tenant, request_no, token, status, None, decline_code, now))
+        let ended = if status == PaymentStatus::Declined {
+            steps::Ended { decline_code: code, ..steps::Ended::default() }
+        } else {
+            steps::Ended { failure_code: code, ..steps::Ended::default() }
+        };
+        Box::pin(steps::set_payment_status(conn, tenant, request_no, token, status, ended, now))
     }
 
     fn complete_token<'c>(
@@ -297,5 +302,29 @@ impl PaymentStore for MySqlStore {
 
     async fn all_payments(&self) -> Result<Vec<PaymentRecord>, sqlx::Error> {
         sqlx::query_as("SELECT * FROM payments ORDER BY tenant, request_no").fetch_all(self.pool()).await
+    }
+
+    fn succeed_payment<'c>(
+        conn: &'c mut Conn<Self>,
+        tenant: String,
+        request_no: RequestNo,
+        token: Token,
+        charge_id: String,
+        now: i64,
+    ) -> Sql<'c, bool> {
+        Box::pin(async move {
+            let done = sqlx::query(
+                "UPDATE payments SET status = 'succeeded', charge_id = ?, updated_at = ? \
+                 WHERE tenant = ? AND request_no = ? AND token = ? AND status = 'processing'",
+            )
+            .bind(charge_id)
+            .bind(now)
+            .bind(tenant)
+            .bind(request_no)
+            .bind(token)
+            .execute(conn)
+            .await?;
+            Ok(done.rows_affected() == 1)
+        })
     }
 }

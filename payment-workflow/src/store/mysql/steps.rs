@@ -76,8 +76,8 @@ pub(super) async fn confirm(
                 return Err(StepError::Terminal(not_paying));
             }
             let succeeded = PaymentStatus::Succeeded;
-            set_payment_status(&mut *c, tenant, request_no, token.clone(), succeeded, Some(charge_id), None, now)
-                .await?;
+            let ended = Ended { charge_id: Some(charge_id), ..Ended::default() };
+            set_payment_status(&mut *c, tenant, request_no, token.clone(), succeeded, ended, now).await?;
             complete_token(&mut *c, token, i32::from(response.status), response.body.clone(), now).await?;
             Ok(response)
         })
@@ -202,27 +202,35 @@ pub(super) async fn move_order(
     Ok(done.rows_affected() == 1)
 }
 
-/// The status (and charge id or decline code) of this payment's record while it is `processing`; see
+/// What a payment's end records besides its status: the charge of a succeeded one, the decline code of a
+/// declined one, the answer's code of a failed one.
+#[derive(Debug, Default)]
+pub(super) struct Ended {
+    pub(super) charge_id: Option<String>,
+    pub(super) decline_code: Option<String>,
+    pub(super) failure_code: Option<String>,
+}
+
+/// The status (and what `ended` records) of this payment's record while it is `processing`; see
 /// [`crate::PaymentStore::fail_payment`].
-#[allow(clippy::too_many_arguments)]
 pub(super) async fn set_payment_status(
     conn: &mut MySqlConnection,
     tenant: String,
     request_no: RequestNo,
     token: Token,
     status: PaymentStatus,
-    charge_id: Option<String>,
-    decline_code: Option<String>,
+    ended: Ended,
     now: i64,
 ) -> Result<(), StepError> {
     sqlx::query(
         "UPDATE payments SET status = ?, charge_id = COALESCE(?, charge_id), \
-         decline_code = COALESCE(?, decline_code), updated_at = ? \
+         decline_code = COALESCE(?, decline_code), failure_code = COALESCE(?, failure_code), updated_at = ? \
          WHERE tenant = ? AND request_no = ? AND token = ? AND status = 'processing'",
     )
     .bind(status)
-    .bind(charge_id)
-    .bind(decline_code)
+    .bind(ended.charge_id)
+    .bind(ended.decline_code)
+    .bind(ended.failure_code)
     .bind(now)
     .bind(tenant)
     .bind(request_no)

@@ -1,0 +1,6 @@
+-- Of a failed payment: its answer's problem code (order_not_payable, channel_refused, payment_failed, ...), from
+-- which that answer is rebuilt byte for byte once its token and stored response are gone (past the response
+-- retention), so that a queued command under its number is answered the same before and after. Null for every
+-- other payment, and for failed ones recorded before. A nullable column at the end is added in place (INSTANT on
+-- MySQL 8, MariaDB 10.3+): no copy of the table.
+ALTER TABLE payments ADD COLUMN failure_code VARCHAR(64) NULL;
