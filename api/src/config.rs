@@ -179,6 +179,12 @@ pub struct ConsumeArgs {
     /// HTTP address for `/metrics` and `/healthz`; none: not served.
     #[arg(long, env = "ONCEFLOW_METRICS_LISTEN")]
     pub metrics_listen: Option<SocketAddr>,
+    /// `prefix,prefix`: the queues answers may go to, by the start of their name; a command whose `reply_to`
+    /// names another queue is a bad message, never paid (a producer must not make the consumer write into a
+    /// queue it chose, another tenant's command queue say). Default: `<queue>.replies` and RabbitMQ's direct
+    /// reply-to (`amq.rabbitmq.reply-to`).
+    #[arg(long, env = "ONCEFLOW_REPLY_TO_PREFIX")]
+    pub reply_to_prefix: Option<String>,
 }
 
 /// `mock-channel`: rates are 0.0–1.0.
