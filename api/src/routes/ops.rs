@@ -191,11 +191,15 @@ pub async fn healthz() -> Json<serde_json::Value> {
     Json(json!({ "status": "ok" }))
 }
 
-/// The database is reachable.
+/// The database is reachable. A service charging the in-process mock channel says so (`channel`, `warning`).
 #[utoipa::path(get, path = "/readyz", tag = "operations",
     responses((status = 200, description = "Ready"), (status = 503, description = "unavailable", body = crate::openapi::Problem)))]
 pub async fn readyz<S: PaymentStore>(State(state): State<AppState<S>>) -> Response {
     if state.payments.engine().ready().await {
+        if state.mock_channel {
+            return Json(json!({ "status": "ready", "channel": "mock", "warning": crate::run::MOCK_WARNING }))
+                .into_response();
+        }
         Json(json!({ "status": "ready" })).into_response()
     } else {
         ApiError::new(
@@ -210,11 +214,11 @@ pub async fn readyz<S: PaymentStore>(State(state): State<AppState<S>>) -> Respon
 
 /// Prometheus metrics: requests by route and status, latency histograms, whether the database answers, workflows
 /// by state (counted in the background, with the time of the count), channel calls by outcome, unresolved
-/// payments (how many, the oldest one's age). With operator keys configured, for operator keys only.
+/// payments (how many, the oldest one's age). With keys configured, for operator keys only.
 #[utoipa::path(get, path = "/metrics", tag = "operations", responses(
     (status = 200, description = "Prometheus text format"),
-    (status = 401, description = "unauthorized: no operator key (when operator keys are configured)", body = crate::openapi::Problem),
-    (status = 403, description = "forbidden: a tenant key (when operator keys are configured)", body = crate::openapi::Problem),
+    (status = 401, description = "unauthorized: no operator key (when keys are configured)", body = crate::openapi::Problem),
+    (status = 403, description = "forbidden: a tenant key (when keys are configured)", body = crate::openapi::Problem),
 ))]
 pub async fn metrics<S: PaymentStore>(State(state): State<AppState<S>>, headers: HeaderMap) -> Response {
     if let Err(refused) = may_scrape(&state, &headers) {
