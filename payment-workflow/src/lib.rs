@@ -50,4 +50,4 @@ pub use payments::PaymentSaga;
 pub use retention::{BATCH as RETENTION_BATCH, PassReport};
 pub use service::{COMMAND_ROUTE, IssuedToken, PayResponse, Payments, TOKEN_TTL_MS};
 pub use settings::Retention;
-pub use store::{PassLock, PaymentStore, Reserve, ReserveSteps, TokenKind};
+pub use store::{PassLock, PaymentCursor, PaymentStore, Reserve, ReserveSteps, TokenKind};

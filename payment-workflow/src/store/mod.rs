@@ -30,6 +30,16 @@ pub enum TokenKind {
     Used,
 }
 
+/// Where a page of an order's payments ends: the `created_at` and `request_no` of its last (oldest) record; the
+/// next page holds the records before it in that order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PaymentCursor {
+    /// The last record's creation time (ms).
+    pub created_at: i64,
+    /// The last record's number (breaking ties within a millisecond).
+    pub request_no: RequestNo,
+}
+
 /// How reserving an order for payment went.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Reserve {
@@ -184,11 +194,21 @@ pub trait PaymentStore: Store {
         request_no: &RequestNo,
     ) -> impl Future<Output = Result<Option<PaymentRecord>, sqlx::Error>> + Send;
     /// Every payment record of the tenant's order `order_no` (each attempt), newest first, through the index
-    /// `payments_order`.
+    /// `payments_order_page`.
     fn payments_of_order(
         &self,
         tenant: &str,
         order_no: &OrderNo,
+    ) -> impl Future<Output = Result<Vec<PaymentRecord>, sqlx::Error>> + Send;
+    /// At most `limit` payment records of the tenant's order `order_no`, newest first (by `created_at`, then
+    /// `request_no`), those after `after` when given: one range of the index `payments_order_page`, however many
+    /// attempts the order has (every refused one is a record, kept for good).
+    fn payments_of_order_page(
+        &self,
+        tenant: &str,
+        order_no: &OrderNo,
+        after: Option<&PaymentCursor>,
+        limit: i64,
     ) -> impl Future<Output = Result<Vec<PaymentRecord>, sqlx::Error>> + Send;
     /// How many payments are unresolved (their record still `processing`: the charge outcome is unknown or the
     /// channel said processing) and the oldest one's `created_at` (ms), through the partial index
