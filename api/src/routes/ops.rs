@@ -107,7 +107,7 @@ pub async fn get_workflow<S: PaymentStore>(
     caller: Caller,
     Path(id): Path<String>,
 ) -> Result<Json<WorkflowDetail>, ApiError> {
-    Ok(Json(visible_view(&state, &caller, &id).await?.into()))
+    Ok(Json(WorkflowDetail::from(visible_view(&state, &caller, &id).await?).seen_by(&caller)))
 }
 
 /// A page of workflows, newest first (by creation time, then workflow id): a tenant key's own, an operator's
@@ -145,7 +145,7 @@ pub async fn list_workflows<S: PaymentStore>(
     let next = page.last().filter(|_| more).map(Cursor::after);
     let next_before = next.as_ref().map(|c| c.created_at);
     let next_cursor = next.as_ref().map(encode_cursor);
-    let workflows = page.into_iter().map(WorkflowBody::from).collect();
+    let workflows = page.into_iter().map(|w| WorkflowBody::from(w).seen_by(&caller)).collect();
     Ok(Json(WorkflowPage { next_before, next_cursor, workflows }))
 }
 
