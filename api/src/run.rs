@@ -187,11 +187,7 @@ impl OnPayments for Serve {
                 body_read_timeout: args.body_read_timeout,
                 mock_channel: charges_the_mock(&args),
             };
-            let limits = crate::server::Limits {
-                header_read_timeout: args.header_read_timeout,
-                max_connections: usize::try_from(args.max_connections).unwrap_or(usize::MAX),
-                max_header_bytes: usize::try_from(args.max_header_bytes).unwrap_or(usize::MAX),
-            };
+            let limits = http_limits(&args);
             crate::server::serve(listener, crate::routes::app(state), limits, shutdown_signal()).await?;
         } else {
             tracing::info!("worker running");
@@ -203,6 +199,15 @@ impl OnPayments for Serve {
         unresolved.abort();
         retention.abort();
         Ok(())
+    }
+}
+
+/// What the HTTP server of `args` allows its clients.
+fn http_limits(args: &ServeArgs) -> crate::server::Limits {
+    crate::server::Limits {
+        header_read_timeout: args.header_read_timeout,
+        max_connections: usize::try_from(args.max_connections).unwrap_or(usize::MAX),
+        max_header_bytes: usize::try_from(args.max_header_bytes).unwrap_or(usize::MAX),
     }
 }
 
@@ -279,7 +284,9 @@ impl OnPayments for Consume {
             let listener = tokio::net::TcpListener::bind(listen)
                 .await
                 .map_err(|e| ConfigError(format!("cannot listen on {listen}: {e}")))?;
-            tokio::spawn(axum::serve(listener, crate::consume::metrics_app()).into_future());
+            // The same bounds as `serve`'s (header and connection limits): the port is as open as the API's.
+            let limits = http_limits(&self.serve);
+            tokio::spawn(crate::server::serve(listener, crate::consume::metrics_app(), limits, std::future::pending()));
         }
         let stop = tokio_util::sync::CancellationToken::new();
         let signal = stop.clone();
