@@ -7,14 +7,18 @@
 //! At that limit a new connection is not simply left to wait: the timeouts bound each request, not a
 //! connection, so clients sending each request just inside them (no key needed: a `401` keeps the connection)
 //! would hold every connection for good. Each connection says whether it is working (a request whose body has
-//! been read is being answered) or waiting on its client (idle between requests, or reading a request); at the
-//! limit the connection that has waited on its client the longest is closed to make room (one reading a request's
-//! body is answered `408` first, see `routes/body.rs`). Only when every connection is working does a new one
-//! wait for one to end. Shutdown stops accepting and lets open requests finish.
+//! been read is being answered), reading a request (from its first byte, or from the connection's start), or
+//! idle (answered, nothing sent since); at the limit the connection that has been reading a request the longest
+//! is closed to make room (one reading a body is answered `408` first, see `routes/body.rs`), and only when none
+//! is reading the one idle the longest (a keep-alive connection a client is not using). Only when every
+//! connection is working does a new one wait for one to end. Shutdown stops accepting and lets open requests
+//! finish.
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use axum::extract::Request;
@@ -22,7 +26,8 @@ use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
-use tokio::net::TcpListener;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -51,7 +56,9 @@ struct Connection {
     in_request: AtomicBool,
     /// A request whose body has been read is being answered.
     working: AtomicBool,
-    /// Since when it has been waiting on its client (idle or reading a request): ms since the server started.
+    /// Answered, and nothing received since (a fresh connection is reading: it is there to send a request).
+    idle: AtomicBool,
+    /// Since when it has been waiting on its client (reading a request, or idle): ms since the server started.
     waiting_since: AtomicU64,
     /// Cancelled to close the connection to make room for another: at once between requests, after answering
     /// (`408`, the body cut short) during one.
@@ -98,6 +105,7 @@ impl Open {
         let connection = Arc::new(Connection {
             in_request: AtomicBool::new(false),
             working: AtomicBool::new(false),
+            idle: AtomicBool::new(false),
             waiting_since: AtomicU64::new(self.now_ms()),
             close: CancellationToken::new(),
         });
@@ -114,14 +122,15 @@ impl Open {
         self.changed.notify_waiters();
     }
 
-    /// Closes the connection that has waited on its client the longest, if one is not working; whether one was.
+    /// Closes the connection that has been reading a request the longest or, when none is, the one idle the
+    /// longest; whether there was one (none while every connection is working).
     fn evict(&self) -> bool {
         let Ok(mut all) = self.connections.lock() else { return false };
         let victim = all
             .iter()
             .enumerate()
             .filter(|(_, (_, c))| !c.working.load(Ordering::Relaxed))
-            .min_by_key(|(_, (_, c))| c.waiting_since.load(Ordering::Relaxed))
+            .min_by_key(|(_, (_, c))| (c.idle.load(Ordering::Relaxed), c.waiting_since.load(Ordering::Relaxed)))
             .map(|(at, _)| at);
         let Some(at) = victim else { return false };
         let (_, connection) = all.swap_remove(at);
@@ -185,6 +194,7 @@ pub async fn serve(
                     let answered = app.oneshot(req).await;
                     // Answered: from here the connection waits on its client again (for the next request).
                     connection.waiting_since.store(open.now_ms(), Ordering::Relaxed);
+                    connection.idle.store(true, Ordering::Relaxed);
                     connection.working.store(false, Ordering::Relaxed);
                     connection.in_request.store(false, Ordering::Relaxed);
                     open.changed.notify_waiters();
@@ -192,7 +202,8 @@ pub async fn serve(
                 }
             })
         };
-        let served = http.serve_connection(TokioIo::new(stream), TowerToHyperService::new(service));
+        let watched = Watched { stream, connection: connection.clone(), started: open.started };
+        let served = http.serve_connection(TokioIo::new(watched), TowerToHyperService::new(service));
         let (open, stopping) = (open.clone(), stopping.clone());
         tasks.spawn(async move {
             let mut served = std::pin::pin!(served);
@@ -218,4 +229,49 @@ pub async fn serve(
         tracing::warn!("shutdown: connections still open after {DRAIN:?}, closing them");
     }
     Ok(())
+}
+
+/// A connection's socket, telling its [`Connection`] when an idle one starts receiving a request.
+struct Watched {
+    stream: TcpStream,
+    connection: Arc<Connection>,
+    started: Instant,
+}
+
+impl AsyncRead for Watched {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.stream).poll_read(cx, buf);
+        if buf.filled().len() > before && self.connection.idle.swap(false, Ordering::Relaxed) {
+            let now = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
+            self.connection.waiting_since.store(now, Ordering::Relaxed);
+        }
+        polled
+    }
+}
+
+impl AsyncWrite for Watched {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
 }

@@ -31,13 +31,14 @@ pub enum TokenKind {
 }
 
 /// Where a page of an order's payments ends: the `created_at` and `request_no` of its last (oldest) record; the
-/// next page holds the records before it in that order.
+/// next page holds the records before it in that order. A position, whether or not a record is there: its
+/// number is any text (compared, never looked up).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PaymentCursor {
     /// The last record's creation time (ms).
     pub created_at: i64,
     /// The last record's number (breaking ties within a millisecond).
-    pub request_no: RequestNo,
+    pub request_no: String,
 }
 
 /// How reserving an order for payment went.
