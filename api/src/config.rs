@@ -159,9 +159,14 @@ pub struct ServeArgs {
     /// the connection is closed: a client that trickles its body cannot hold a connection either.
     #[arg(long, env = "ONCEFLOW_BODY_READ_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
     pub body_read_timeout: Duration,
-    /// HTTP connections served at once; more wait in the listen backlog until one ends.
+    /// HTTP connections served at once. At the limit a new connection takes the place of the one that has been
+    /// idle or reading a request the longest; only while every connection is answering a request does it wait.
     #[arg(long, env = "ONCEFLOW_MAX_CONNECTIONS", default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub max_connections: u32,
+    /// Largest request head (request line and headers), in bytes; a larger one is answered `431` and its
+    /// connection closed. Bounds what each connection buffers before a request is known.
+    #[arg(long, env = "ONCEFLOW_MAX_HEADER_BYTES", default_value_t = 65_536, value_parser = clap::value_parser!(u32).range(8192..=16_777_216))]
+    pub max_header_bytes: u32,
     /// What to keep, and for how long.
     #[command(flatten)]
     pub retention: RetentionArgs,
@@ -367,6 +372,12 @@ pub struct ConsumeArgs {
     /// HTTP address for `/metrics` and `/healthz`; none: not served.
     #[arg(long, env = "ONCEFLOW_METRICS_LISTEN")]
     pub metrics_listen: Option<SocketAddr>,
+    /// `prefix,prefix`: the queues answers may go to, by the start of their name; a command whose `reply_to`
+    /// names another queue is a bad message, never paid (a producer must not make the consumer write into a
+    /// queue it chose, another tenant's command queue say). Default: `<queue>.replies` and RabbitMQ's direct
+    /// reply-to (`amq.rabbitmq.reply-to`).
+    #[arg(long, env = "ONCEFLOW_REPLY_TO_PREFIX")]
+    pub reply_to_prefix: Option<String>,
 }
 
 /// `mock-channel`: rates are 0.0–1.0.
@@ -504,6 +515,21 @@ pub fn parse_api_keys(raw: &str) -> Result<Vec<(String, String)>, ConfigError> {
         .and_then(|keys| {
             if keys.is_empty() { Err(ConfigError("--api-keys: no tenant:key pair given".into())) } else { Ok(keys) }
         })
+        .and_then(|keys| one_owner_per_key(keys, "--api-keys"))
+}
+
+/// `keys`, unless one key is given to more than one name: a request with it could not say whose it is (the
+/// last one named won: one tenant's orders were stored as another's). The same name may hold several keys
+/// (rotation), and a pair given twice is one.
+fn one_owner_per_key(keys: Vec<(String, String)>, flag: &str) -> Result<Vec<(String, String)>, ConfigError> {
+    for (i, (name, key)) in keys.iter().enumerate() {
+        if let Some((other, _)) = keys[..i].iter().find(|(other, k)| k == key && other != name) {
+            return Err(ConfigError(format!(
+                "{flag}: one key is given to more than one name (`{other}` and `{name}`)"
+            )));
+        }
+    }
+    Ok(keys)
 }
 
 /// Parses `--operator-keys` (`name:key,name:key`) into `(name, key)` pairs; a key that is also a tenant's (one
@@ -561,6 +587,10 @@ mod tests {
         assert!(parse_api_keys("acme").is_err());
         assert!(parse_api_keys("acme:short").is_err());
         assert!(parse_api_keys(",").is_err());
+        let shared = parse_api_keys("t1:shared-key-1,t2:shared-key-1").unwrap_err().0;
+        assert!(shared.contains("more than one") && shared.contains("t1") && shared.contains("t2"), "{shared}");
+        // A tenant with two keys (rotation), a pair given twice: fine.
+        assert_eq!(parse_api_keys("t1:old-key-01,t1:new-key-01,t1:new-key-01").unwrap().len(), 3);
     }
 
     #[test]
@@ -570,5 +600,7 @@ mod tests {
         assert_eq!(ops, [("ops".to_owned(), "operator-key-1".to_owned())]);
         assert!(parse_operator_keys("ops:secret-key-1", &tenants).unwrap_err().0.contains("also a tenant's"));
         assert!(parse_operator_keys("ops:short", &tenants).unwrap_err().0.starts_with("--operator-keys"));
+        let shared = parse_operator_keys("ops1:operator-key,ops2:operator-key", &tenants).unwrap_err().0;
+        assert!(shared.starts_with("--operator-keys") && shared.contains("more than one"), "{shared}");
     }
 }

@@ -13,7 +13,7 @@
 //! let payments = Payments::new(store, Arc::new(MockChannel::reliable()), Default::default());
 //! payments.engine().spawn_background();
 //! let wait = Duration::from_secs(10);
-//! let state = AppState { payments, auth: Auth::SingleTenant, wait, body_read_timeout: wait };
+//! let state = AppState { payments, auth: Auth::SingleTenant, wait, body_read_timeout: wait, mock_channel: true };
 //! let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
 //! axum::serve(listener, app(state)).await?;
 //! # Ok(()) }

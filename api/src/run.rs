@@ -78,10 +78,36 @@ impl From<std::io::Error> for Failure {
     }
 }
 
+/// What `/readyz` and the start-up warning say of the in-process mock channel.
+pub(crate) const MOCK_WARNING: &str =
+    "payments are charged to the in-process mock channel: every charge succeeds and no money moves";
+
+/// Says loudly, once the service is up, that a deployment with API keys or a server database charges the
+/// in-process mock (asked for by name): every payment would "succeed" with no money taken.
+fn warn_of_a_pretend_channel(args: &ServeArgs) {
+    if args.channel_url.as_deref() == Some("mock")
+        && (args.api_keys.is_some() || !args.database.database_url.starts_with("sqlite:"))
+    {
+        tracing::warn!(
+            "--channel-url mock with API keys or a server database: {MOCK_WARNING}; give the channel's URL for real \
+             payments"
+        );
+    }
+}
+
+/// Whether `args` charge the in-process mock channel.
+fn charges_the_mock(args: &ServeArgs) -> bool {
+    match args.channel_url.as_deref() {
+        Some(url) => url == "mock",
+        None => args.database.database_url.starts_with("sqlite:") && args.api_keys.is_none(),
+    }
+}
+
 /// The channel `serve` and `worker` charge: the URL given, or the in-process mock, which approves every charge.
 /// The mock is used when asked for by name (`--channel-url mock`) or, without `--channel-url`, only in the
 /// zero-configuration mode (an SQLite database and no API keys); a Postgres or MySQL database or API keys mean a
-/// real deployment, which refuses to start rather than charge a pretend channel.
+/// real deployment, which refuses to start rather than charge a pretend channel — and which, given the mock by
+/// name, says so loudly (every payment would "succeed" with no money taken).
 fn channel(args: &ServeArgs) -> Result<Arc<dyn Channel>, ConfigError> {
     match args.channel_url.as_deref() {
         Some("mock") => Ok(Arc::new(MockChannel::reliable())),
@@ -191,6 +217,7 @@ impl OnPayments for Serve {
 
     async fn run<S: PaymentStore>(self, payments: Payments<S>) -> Self::Output {
         let Self { args, auth, http, channel, accounts, tenants } = self;
+        warn_of_a_pretend_channel(&args);
         let payments = payments.with_retention(args.retention.retention()).with_events(args.events.settings());
         let background = payments.engine().spawn_background();
         let retention = payments.spawn_retention(args.gc_interval);
@@ -210,11 +237,9 @@ impl OnPayments for Serve {
                 auth,
                 wait: Duration::from_millis(args.wait_ms),
                 body_read_timeout: args.body_read_timeout,
+                mock_channel: charges_the_mock(&args),
             };
-            let limits = crate::server::Limits {
-                header_read_timeout: args.header_read_timeout,
-                max_connections: usize::try_from(args.max_connections).unwrap_or(usize::MAX),
-            };
+            let limits = http_limits(&args);
             let app = crate::app(state).layer(axum::Extension(Arc::new(accounts)));
             crate::server::serve(listener, app, limits, shutdown_signal()).await?;
         } else {
@@ -230,6 +255,15 @@ impl OnPayments for Serve {
         deliveries.abort();
         reconciling.abort();
         Ok(())
+    }
+}
+
+/// What the HTTP server of `args` allows its clients.
+fn http_limits(args: &ServeArgs) -> crate::server::Limits {
+    crate::server::Limits {
+        header_read_timeout: args.header_read_timeout,
+        max_connections: usize::try_from(args.max_connections).unwrap_or(usize::MAX),
+        max_header_bytes: usize::try_from(args.max_header_bytes).unwrap_or(usize::MAX),
     }
 }
 
@@ -282,11 +316,13 @@ fn spawn_unresolved_warnings<S: PaymentStore>(
 async fn consume(args: crate::config::ConsumeArgs) -> Result<(), Failure> {
     let settings = crate::consume::Settings::from_args(&args)?;
     let retention = args.serve.retention.retention();
-    with_service(&args.serve, Consume { settings, metrics_listen: args.metrics_listen, retention }).await?
+    let consume = Consume { serve: args.serve.clone(), settings, metrics_listen: args.metrics_listen, retention };
+    with_service(&args.serve, consume).await?
 }
 
 /// `consume`, on the service once it is connected (its command tokens live `--token-ttl`).
 struct Consume {
+    serve: ServeArgs,
     settings: crate::consume::Settings,
     retention: onceflow_payments::Retention,
     metrics_listen: Option<std::net::SocketAddr>,
@@ -296,6 +332,7 @@ impl OnPayments for Consume {
     type Output = Result<(), Failure>;
 
     async fn run<S: PaymentStore>(self, payments: Payments<S>) -> Self::Output {
+        warn_of_a_pretend_channel(&self.serve);
         let payments = payments.with_retention(self.retention);
         let background = payments.engine().spawn_background();
         crate::metrics::install();
@@ -303,7 +340,9 @@ impl OnPayments for Consume {
             let listener = tokio::net::TcpListener::bind(listen)
                 .await
                 .map_err(|e| ConfigError(format!("cannot listen on {listen}: {e}")))?;
-            tokio::spawn(axum::serve(listener, crate::consume::metrics_app()).into_future());
+            // The same bounds as `serve`'s (header and connection limits): the port is as open as the API's.
+            let limits = http_limits(&self.serve);
+            tokio::spawn(crate::server::serve(listener, crate::consume::metrics_app(), limits, std::future::pending()));
         }
         let stop = tokio_util::sync::CancellationToken::new();
         let signal = stop.clone();

@@ -25,6 +25,9 @@ pub struct AppState<S: PaymentStore> {
     pub wait: Duration,
     /// How long a request's body may take to arrive once its headers are in (`408` after that).
     pub body_read_timeout: Duration,
+    /// Whether payments are charged to the in-process mock channel (every charge succeeds, no money moves):
+    /// `/readyz` says so.
+    pub mock_channel: bool,
 }
 
 impl<S: PaymentStore> Clone for AppState<S> {
@@ -34,6 +37,7 @@ impl<S: PaymentStore> Clone for AppState<S> {
             auth: self.auth.clone(),
             wait: self.wait,
             body_read_timeout: self.body_read_timeout,
+            mock_channel: self.mock_channel,
         }
     }
 }
@@ -111,7 +115,7 @@ impl Auth {
         }
     }
 
-    /// Whether operator keys are configured (then `/metrics` is theirs).
+    /// Whether operator keys are configured.
     pub fn has_operators(&self) -> bool {
         matches!(self, Self::Keys(keys) if !keys.operators.is_empty())
     }
@@ -194,11 +198,10 @@ impl<S: PaymentStore> FromRequestParts<AppState<S>> for Tenant {
     }
 }
 
-/// `/metrics`: anyone when no operator keys are configured (as before them), else operators only.
+/// `/metrics`: operators only once keys are configured — its counts are every tenant's, so neither anyone nor a
+/// tenant key may read them (with `--api-keys` alone, nobody: scrape with an operator key). Without keys (the
+/// zero-configuration mode, loopback only) anyone.
 pub(crate) fn may_scrape<S: PaymentStore>(state: &AppState<S>, headers: &HeaderMap) -> Result<(), ApiError> {
-    if !state.auth.has_operators() {
-        return Ok(());
-    }
     match state.auth.caller(bearer(headers)) {
         Some(caller) if caller.is_operator() => Ok(()),
         Some(_) => Err(ApiError::forbidden("metrics are for operator keys")),

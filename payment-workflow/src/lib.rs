@@ -67,6 +67,7 @@ pub use retention::{BATCH as RETENTION_BATCH, PassReport};
 pub use service::{COMMAND_ROUTE, IssuedToken, PayResponse, Payments, TOKEN_TTL_MS, refund_route};
 pub use settings::Retention;
 pub use store::{
-    ChannelWord, ChannelWordStore, ExceptionRow, PassLock, PaymentStore, PhaseDialect, ReconciliationRow, RefundEnd,
-    RefundPhase, RefundReserve, RefundSteps, RefundStore, Reserve, ReserveSteps, StagedLine, StatementCopy, TokenKind,
+    ChannelWord, ChannelWordStore, ExceptionRow, PassLock, PaymentCursor, PaymentStore, PhaseDialect,
+    ReconciliationRow, RefundEnd, RefundPhase, RefundReserve, RefundSteps, RefundStore, Reserve, ReserveSteps,
+    StagedLine, StatementCopy, TokenKind,
 };

@@ -30,8 +30,30 @@ pub(crate) struct Command {
     pub(crate) request: PaymentRequest,
 }
 
-/// The command in `delivery`, or why it is not one.
-pub(crate) fn parse(delivery: &Delivery) -> Result<Command, String> {
+/// The queues answers may go to (`--reply-to-prefix`): a producer chooses `reply_to`, so without a bound it
+/// could make the consumer write into any queue its credentials reach — another tenant's command queue, say.
+#[derive(Debug, Clone)]
+pub(crate) struct Replies {
+    /// A queue whose name starts with one of these may take answers.
+    prefixes: Vec<String>,
+    /// Never these (the consumer's own command and dead-letter queues), whatever the prefixes say.
+    own: [String; 2],
+}
+
+impl Replies {
+    /// Answers to queues starting with one of `prefixes`, never to `own`.
+    pub(crate) fn new(prefixes: Vec<String>, own: [String; 2]) -> Self {
+        Self { prefixes, own }
+    }
+
+    /// Whether an answer may go to `queue`.
+    fn allow(&self, queue: &str) -> bool {
+        !self.own.iter().any(|own| own == queue) && self.prefixes.iter().any(|p| queue.starts_with(p.as_str()))
+    }
+}
+
+/// The command in `delivery`, or why it is not one (a `reply_to` that `replies` does not allow included).
+pub(crate) fn parse(delivery: &Delivery, replies: &Replies) -> Result<Command, String> {
     if delivery.data.len() > MAX_BODY {
         return Err(format!("the body is {} bytes, over the limit of {MAX_BODY}", delivery.data.len()));
     }
@@ -40,6 +62,9 @@ pub(crate) fn parse(delivery: &Delivery) -> Result<Command, String> {
     let Some(reply_to) = reply_to else {
         return Err("the command has no reply_to".into());
     };
+    if !replies.allow(reply_to.as_str()) {
+        return Err(format!("reply_to {} is not a queue answers may go to (--reply-to-prefix)", reply_to.as_str()));
+    }
     let Some(correlation_id) = properties.correlation_id().clone() else {
         return Err("the command has no correlation_id".into());
     };
@@ -85,6 +110,31 @@ mod tests {
 
     fn full() -> BasicProperties {
         BasicProperties::default().with_reply_to("answers".into()).with_correlation_id("c-1".into())
+    }
+
+    fn parse(d: &Delivery) -> Result<Command, String> {
+        super::parse(d, &replies())
+    }
+
+    fn replies() -> Replies {
+        Replies::new(vec!["answers".into(), "amq.rabbitmq.reply-to".into()], ["q".into(), "q.dead".into()])
+    }
+
+    #[test]
+    fn answers_go_only_where_allowed() {
+        let r = replies();
+        for allowed in ["answers", "answers.acme", "amq.rabbitmq.reply-to.g1h2AA==.abc"] {
+            assert!(r.allow(allowed), "{allowed}");
+        }
+        for refused in ["", "q", "q.dead", "other.commands", "answer", "amq.direct"] {
+            assert!(!r.allow(refused), "{refused}");
+        }
+        let wide = Replies::new(vec!["q".into()], ["q".into(), "q.dead".into()]);
+        assert!(!wide.allow("q") && !wide.allow("q.dead") && wide.allow("q.replies"));
+        let elsewhere =
+            BasicProperties::default().with_reply_to("other.commands".into()).with_correlation_id("c".into());
+        let ok = br#"{"order_no":"O-1","amount":1000,"currency":"CNY","request_no":"R-1"}"#;
+        assert!(parse(&delivery(ok, elsewhere)).unwrap_err().contains("reply_to"));
     }
 
     #[test]

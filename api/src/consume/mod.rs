@@ -8,6 +8,13 @@
 //! connection is this module's own loop: on any broker error it drops the session (the broker requeues what
 //! was unacknowledged) and connects again with a growing pause, rather than lapin's recovery, which would
 //! replay consumers while ackers of the old channel are still in our hands.
+//!
+//! Hostile producers (issue 35): a bad message's copy keeps its own headers only while they are small (a copy
+//! over the broker's frame limit would close the connection, and the message would come back for ever), and a
+//! bad message delivered again is rejected to `<queue>.dead` by the broker rather than copied again, so that no
+//! message can make the consumer connect again in a loop. Answers go only to the queues `--reply-to-prefix`
+//! allows. A delivery is read whole before its size is known; the broker's `max_message_size` is what stops a
+//! giant message unread, and a broker that takes messages over the limit is named at start-up.
 
 mod command;
 
@@ -23,6 +30,7 @@ use lapin::options::{
 use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, ErrorKind};
+use std::sync::atomic::{AtomicBool, Ordering};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
@@ -44,6 +52,10 @@ const SETUP_TIMEOUT: Duration = Duration::from_secs(10);
 const ERROR_HEADER: &str = "x-onceflow-error";
 /// The header with the problem's `detail`.
 const DETAIL_HEADER: &str = "x-onceflow-detail";
+/// The header saying a bad message's own headers were left off its copy, and how large they were.
+const DROPPED_HEADER: &str = "x-onceflow-headers-dropped";
+/// RabbitMQ's direct reply-to pseudo-queue: an answer goes back to the producer's own channel.
+const DIRECT_REPLY_TO: &str = "amq.rabbitmq.reply-to";
 
 /// What the consumer is configured with, checked at start-up.
 #[derive(Debug, Clone)]
@@ -54,6 +66,7 @@ pub(crate) struct Settings {
     tenant: String,
     prefetch: u16,
     wait: Duration,
+    replies: command::Replies,
 }
 
 impl Settings {
@@ -72,13 +85,23 @@ impl Settings {
         if args.tenant.is_empty() {
             return Err(ConfigError("--tenant must not be empty".into()));
         }
+        let dead = format!("{}.dead", args.queue);
+        let prefixes: Vec<String> = match &args.reply_to_prefix {
+            Some(raw) => raw.split(',').map(str::trim).filter(|p| !p.is_empty()).map(str::to_owned).collect(),
+            None => vec![format!("{}.replies", args.queue), DIRECT_REPLY_TO.to_owned()],
+        };
+        if prefixes.is_empty() {
+            return Err(ConfigError("--reply-to-prefix: no prefix given".into()));
+        }
+        let replies = command::Replies::new(prefixes, [args.queue.clone(), dead.clone()]);
         Ok(Self {
             amqp_url: args.amqp_url.clone(),
             queue: args.queue.clone(),
-            dead: format!("{}.dead", args.queue),
+            dead,
             tenant: args.tenant.clone(),
             prefetch: args.prefetch,
             wait: Duration::from_millis(args.serve.wait_ms),
+            replies,
         })
     }
 }
@@ -182,6 +205,7 @@ async fn session<S: PaymentStore>(cx: &Arc<Context<S>>, stop: &CancellationToken
         let publisher = connection.create_channel().await?;
         publisher.confirm_select(ConfirmSelectOptions::default()).await?;
         declare(&deliveries, s).await?;
+        check_size_limit(&connection).await?;
         deliveries.basic_qos(s.prefetch, BasicQosOptions::default()).await?;
         let consumer = deliveries
             .basic_consume(s.queue.as_str().into(), "".into(), BasicConsumeOptions::default(), FieldTable::default())
@@ -256,6 +280,103 @@ async fn session<S: PaymentStore>(cx: &Arc<Context<S>>, stop: &CancellationToken
 /// The most of a bad message's detail that its dead-letter copy and the log carry.
 const DETAIL_MAX: usize = 256;
 
+/// The most of a bad message's own headers (their AMQP encoding) that its dead-letter copy carries. The broker
+/// took the message within its frame limit (`frame_max`, 128 KiB by default), so a copy with the consumer's
+/// headers added could exceed it by those few hundred bytes: the broker would close the connection and deliver
+/// the message again, for ever. Larger headers are left off (and said so in `x-onceflow-headers-dropped`).
+const KEPT_HEADERS_MAX: usize = 16 * 1024;
+
+/// Whether the broker was found to take messages over [`command::MAX_BODY`] (named once per process).
+static NAMED_NO_LIMIT: AtomicBool = AtomicBool::new(false);
+
+/// Whether the broker refuses a message over [`command::MAX_BODY`] (RabbitMQ's `max_message_size`): only then is
+/// a giant message stopped before the consumer reads it whole — the client library buffers each delivery in full,
+/// up to the broker's limit times the prefetch, before the consumer can see its size. Found out with one probe a
+/// byte over the limit, on a channel of its own, to the default exchange under a name no queue has (a broker
+/// that takes it drops it at once); a broker without a low enough limit is named once, as a warning, and in
+/// `onceflow_mq_broker_limits_size`.
+async fn check_size_limit(connection: &Connection) -> Result<(), Ended> {
+    let probe = connection.create_channel().await?;
+    probe.confirm_select(ConfirmSelectOptions::default()).await?;
+    let body = vec![b' '; command::MAX_BODY + 1];
+    let key = format!("onceflow.size-probe.{}", uuid::Uuid::new_v4().simple());
+    let sent = probe
+        .basic_publish(
+            "".into(),
+            key.as_str().into(),
+            BasicPublishOptions::default(),
+            &body,
+            BasicProperties::default(),
+        )
+        .await;
+    let confirmed = match sent {
+        Ok(confirm) => confirm.await,
+        Err(e) => Err(e),
+    };
+    let limited = match confirmed {
+        Ok(Confirmation::Ack(_)) => false,
+        Ok(_) => true,
+        Err(e) if precondition_failed(&e) => true,
+        // Not worth a session: whatever else failed, the next steps of the setup meet it too if it matters.
+        Err(e) => {
+            tracing::debug!(error = %e, "could not probe the broker's message size limit");
+            return Ok(());
+        }
+    };
+    if !limited {
+        let _ = probe.close(200, "probed".into()).await;
+        if !NAMED_NO_LIMIT.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                limit = command::MAX_BODY,
+                "the broker takes messages over the consumer's limit: a giant one is read whole (up to --prefetch of \
+                 them at once) before it is refused; set max_message_size = {} in rabbitmq.conf",
+                command::MAX_BODY
+            );
+        }
+    }
+    metrics::gauge!("onceflow_mq_broker_limits_size").set(if limited { 1.0 } else { 0.0 });
+    Ok(())
+}
+
+/// How many bytes `table` takes in AMQP's encoding (its length prefix included).
+fn table_len(table: &FieldTable) -> usize {
+    4 + table.inner().iter().map(|(key, value)| 1 + key.as_str().len() + value_len(value)).sum::<usize>()
+}
+
+/// How many bytes `value` takes in AMQP's encoding (its type byte included).
+fn value_len(value: &AMQPValue) -> usize {
+    1 + match value {
+        AMQPValue::Void => 0,
+        AMQPValue::Boolean(_) | AMQPValue::ShortShortInt(_) | AMQPValue::ShortShortUInt(_) => 1,
+        AMQPValue::ShortInt(_) | AMQPValue::ShortUInt(_) => 2,
+        AMQPValue::LongInt(_) | AMQPValue::LongUInt(_) | AMQPValue::Float(_) => 4,
+        AMQPValue::DecimalValue(_) => 5,
+        AMQPValue::LongLongInt(_) | AMQPValue::Double(_) | AMQPValue::Timestamp(_) => 8,
+        AMQPValue::ShortString(s) => 1 + s.as_str().len(),
+        AMQPValue::LongString(s) => 4 + s.len(),
+        AMQPValue::ByteArray(b) => 4 + b.len(),
+        AMQPValue::FieldArray(a) => 4 + a.as_slice().iter().map(value_len).sum::<usize>(),
+        AMQPValue::FieldTable(t) => table_len(t),
+    }
+}
+
+/// The headers of a bad message's dead-letter copy: its own (when they are small, see [`KEPT_HEADERS_MAX`]) and
+/// the consumer's, giving the problem's code and (a prefix of) its detail.
+fn dead_letter_headers(original: Option<&FieldTable>, detail: &str) -> FieldTable {
+    let mut headers = FieldTable::default();
+    if let Some(original) = original {
+        let size = table_len(original);
+        if size <= KEPT_HEADERS_MAX {
+            headers = original.clone();
+        } else {
+            headers.insert(DROPPED_HEADER.into(), AMQPValue::LongLongInt(i64::try_from(size).unwrap_or(i64::MAX)));
+        }
+    }
+    headers.insert(ERROR_HEADER.into(), AMQPValue::LongString("invalid_request".into()));
+    headers.insert(DETAIL_HEADER.into(), AMQPValue::LongString(shortened(detail, DETAIL_MAX).into()));
+    headers
+}
+
 /// `text` cut to at most `max` bytes, at a character boundary.
 fn shortened(text: &str, max: usize) -> &str {
     let mut end = text.len().min(max);
@@ -319,7 +440,7 @@ impl<S: PaymentStore> Task<S> {
 
     async fn process(&self, delivery: &Delivery) {
         let s = &self.cx.settings;
-        let command = match command::parse(delivery) {
+        let command = match command::parse(delivery, &s.replies) {
             Ok(command) => command,
             Err(detail) => return self.dead_letter(delivery, &detail).await,
         };
@@ -402,15 +523,24 @@ impl<S: PaymentStore> Task<S> {
     /// Moves a bad message to `<queue>.dead` with the problem's code in `x-onceflow-error`: a copy published
     /// there and confirmed, then the original acknowledged. (A plain reject would dead-letter it too, through
     /// the queue's arguments, but cannot add a header; it is the fallback when the copy is refused.)
+    ///
+    /// A bad message delivered again (its copy, or the acknowledgement after it, was lost with the connection) is
+    /// rejected instead, which the broker dead-letters itself (with `x-death`, without the consumer's headers): a
+    /// message whose copy cannot be published must not bring the consumer back to it in a loop.
     async fn dead_letter(&self, delivery: &Delivery, detail: &str) {
         let s = &self.cx.settings;
-        // The detail may quote the bad input: a short prefix, so that the copy's header frame stays far below the
-        // broker's frame limit (a frame over it closes the connection, and the message would come back forever).
+        // The detail may quote the bad input: a short prefix, for the log as for the copy.
         let detail = shortened(detail, DETAIL_MAX);
+        if delivery.redelivered {
+            tracing::warn!(queue = %s.queue, detail, "bad message delivered again: rejected into the dead-letter queue");
+            let rejected = delivery.acker.reject(BasicRejectOptions { requeue: false }).await.is_ok_and(|done| done);
+            if rejected {
+                metrics::counter!("onceflow_mq_commands_total", "outcome" => "dead_lettered").increment(1);
+            }
+            return;
+        }
         tracing::warn!(queue = %s.queue, detail, "bad message: dead-lettered");
-        let mut headers = delivery.properties.headers().clone().unwrap_or_default();
-        headers.insert(ERROR_HEADER.into(), AMQPValue::LongString("invalid_request".into()));
-        headers.insert(DETAIL_HEADER.into(), AMQPValue::LongString(detail.into()));
+        let headers = dead_letter_headers(delivery.properties.headers().as_ref(), detail);
         let properties = delivery.properties.clone().with_headers(headers).with_delivery_mode(2);
         let moved = match self.publish(s.dead.as_str().into(), &delivery.data, properties).await {
             Some(Confirmation::Ack(None)) => self.ack(delivery).await,
@@ -420,5 +550,43 @@ impl<S: PaymentStore> Task<S> {
         if moved {
             metrics::counter!("onceflow_mq_commands_total", "outcome" => "dead_lettered").increment(1);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn header(table: &FieldTable, name: &str) -> Option<AMQPValue> {
+        table.inner().get(name).cloned()
+    }
+
+    #[test]
+    fn a_dead_letter_keeps_small_headers_and_drops_large_ones() {
+        let mut small = FieldTable::default();
+        small.insert("trace".into(), AMQPValue::LongString("t-1".into()));
+        let copy = dead_letter_headers(Some(&small), "invalid body");
+        assert_eq!(header(&copy, "trace"), Some(AMQPValue::LongString("t-1".into())));
+        assert_eq!(header(&copy, ERROR_HEADER), Some(AMQPValue::LongString("invalid_request".into())));
+        assert_eq!(header(&copy, DROPPED_HEADER), None);
+
+        let mut large = FieldTable::default();
+        large.insert("pad".into(), AMQPValue::LongString("x".repeat(130_960).into()));
+        let copy = dead_letter_headers(Some(&large), &"d".repeat(10_000));
+        assert_eq!(header(&copy, "pad"), None);
+        assert_eq!(header(&copy, DROPPED_HEADER), Some(AMQPValue::LongLongInt(4 + 1 + 3 + 1 + 4 + 130_960)));
+        assert!(table_len(&copy) < 1024, "{}", table_len(&copy));
+        assert!(dead_letter_headers(None, "no headers").inner().len() == 2);
+    }
+
+    #[test]
+    fn table_sizes_count_nested_values() {
+        let mut inner = FieldTable::default();
+        inner.insert("n".into(), AMQPValue::LongLongInt(1));
+        let mut outer = FieldTable::default();
+        outer.insert("t".into(), AMQPValue::FieldTable(inner));
+        outer.insert("a".into(), AMQPValue::FieldArray(vec![AMQPValue::Boolean(true), AMQPValue::Void].into()));
+        // outer: 4 + ("t": 1+1 + table(1 + 4 + 1+1 + 1+8)) + ("a": 1+1 + array(1 + 4 + 2 + 1))
+        assert_eq!(table_len(&outer), 4 + (2 + 16) + (2 + 8));
     }
 }

@@ -14,8 +14,8 @@ use super::BODY_LIMIT;
 use crate::error::ApiError;
 
 /// Reads the request's body within `timeout` and hands the request on with the body in memory (the routes
-/// buffer it anyway). A body that does not arrive in time is answered `408 request_timeout` and its connection
-/// closed. Reading stops one byte past [`BODY_LIMIT`]: what was read goes on, and the route answers its own
+/// buffer it anyway). A body that does not arrive in time — or that is still arriving when its connection must
+/// make room for another (`server.rs`) — is answered `408 request_timeout` and its connection closed. Reading stops one byte past [`BODY_LIMIT`]: what was read goes on, and the route answers its own
 /// `413` (the original design's `/pay` with its `message`).
 pub(super) async fn read_within(timeout: Duration, req: Request, next: Next) -> Response {
     let (parts, mut body) = req.into_parts();
@@ -31,10 +31,29 @@ pub(super) async fn read_within(timeout: Duration, req: Request, next: Next) -> 
         }
         Ok::<_, axum::Error>(buf)
     };
-    match tokio::time::timeout(timeout, read).await {
-        Ok(Ok(buf)) => next.run(Request::from_parts(parts, Body::from(Bytes::from(buf)))).await,
-        Ok(Err(_)) => ApiError::invalid("the request body could not be read").into_response(),
-        Err(_) => {
+    // Cut short when the connection is closed to make room for another (`server.rs`): answered as if late.
+    let phase = parts.extensions.get::<crate::server::Phase>().cloned();
+    let closing = async {
+        match &phase {
+            Some(phase) => phase.closing().await,
+            None => std::future::pending().await,
+        }
+    };
+    let read = tokio::select! {
+        read = tokio::time::timeout(timeout, read) => read.ok(),
+        () = closing => None,
+    };
+    match read {
+        Some(Ok(buf)) => {
+            // Read: from here the connection works for its client, and is not the one closed to make room for
+            // a new connection (`server.rs`).
+            if let Some(phase) = &phase {
+                phase.working();
+            }
+            next.run(Request::from_parts(parts, Body::from(Bytes::from(buf)))).await
+        }
+        Some(Err(_)) => ApiError::invalid("the request body could not be read").into_response(),
+        None => {
             let detail = format!("the request body did not arrive within {}", humantime::format_duration(timeout));
             let mut response = ApiError::new(StatusCode::REQUEST_TIMEOUT, "request_timeout", "Request timeout", detail)
                 .into_response();

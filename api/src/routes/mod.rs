@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, MatchedPath, Request};
-use axum::http::{HeaderName, StatusCode};
+use axum::http::{HeaderName, Method, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::routing::{get, post};
@@ -20,9 +20,11 @@ pub mod audit;
 mod body;
 pub mod compat;
 pub mod events;
+mod host;
 pub mod notifications;
 pub mod ops;
 pub mod orders;
+mod paths;
 pub mod payments;
 pub mod reconciliations;
 pub mod refunds;
@@ -42,6 +44,8 @@ pub(crate) fn app<S: PaymentStore>(state: AppState<S>, more: Router<AppState<S>>
     crate::metrics::install();
     let request_id = HeaderName::from_static("x-request-id");
     let body_read_timeout = state.body_read_timeout;
+    // Without keys, only loopback names (`routes/host.rs`); with keys, each client proves itself.
+    let loopback_only = matches!(state.auth, crate::state::Auth::SingleTenant);
     Router::new()
         .route("/v1/orders", post(orders::create_order::<S>))
         .route("/v1/orders/{order_no}", get(orders::get_order::<S>))
@@ -84,6 +88,11 @@ pub(crate) fn app<S: PaymentStore>(state: AppState<S>, more: Router<AppState<S>>
         // Innermost: a body is read (within its time) before any route sees it, inside the request id, the trace
         // and the request count, which then cover a `408` too.
         .layer(middleware::from_fn(move |req: Request, next: Next| body::read_within(body_read_timeout, req, next)))
+        // Before the body is read: a path that names nothing, a host that is not ours.
+        .layer(middleware::from_fn(paths::name_something))
+        .layer(middleware::from_fn(move |req: Request, next: Next| async move {
+            if loopback_only { host::loopback_only(req, next).await } else { next.run(req).await }
+        }))
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .layer(middleware::from_fn(track))
         .layer(PropagateRequestIdLayer::new(request_id.clone()))
@@ -113,16 +122,62 @@ async fn method_not_allowed() -> ApiError {
     )
 }
 
-/// Counts requests by route and status and times them; a body over the limit is answered as a problem.
+/// The request counter's `method` label: the methods HTTP defines, every other one `other`. Labels are kept for
+/// the life of the process, and a method is whatever a client sends before any key is checked: labelled as
+/// sent, each invented method (200,000 characters, say) was a new series for good.
+fn method_label(method: &Method) -> &'static str {
+    match *method {
+        Method::GET => "GET",
+        Method::POST => "POST",
+        Method::PUT => "PUT",
+        Method::DELETE => "DELETE",
+        Method::PATCH => "PATCH",
+        Method::HEAD => "HEAD",
+        Method::OPTIONS => "OPTIONS",
+        Method::CONNECT => "CONNECT",
+        Method::TRACE => "TRACE",
+        _ => "other",
+    }
+}
+
+/// An error answered by axum itself in `text/plain` (a path or query its extractors could not read), as a
+/// problem like every other error; `None` for every other response.
+fn plain_error_as_problem(response: &Response) -> Option<Response> {
+    let status = response.status();
+    let plain = response
+        .headers()
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/plain"));
+    if !plain || !(status.is_client_error() || status.is_server_error()) {
+        return None;
+    }
+    let error = match status {
+        StatusCode::NOT_FOUND => ApiError::not_found("not_found", "no such resource"),
+        StatusCode::PAYLOAD_TOO_LARGE => crate::extract::payload_too_large(),
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => crate::extract::unsupported_media_type(),
+        s if s.is_client_error() => {
+            ApiError::new(s, "invalid_request", "Invalid request", "the request could not be read")
+        }
+        s => ApiError::new(s, "internal", "Internal error", "an internal error occurred"),
+    };
+    Some(axum::response::IntoResponse::into_response(error))
+}
+
+/// Counts requests by method, route and status and times them; a body over the limit, and any error axum
+/// answered in plain text, is answered as a problem.
 async fn track(req: Request, next: Next) -> Response {
     let route = req.extensions().get::<MatchedPath>().map_or_else(|| "unmatched".to_owned(), |p| p.as_str().to_owned());
-    let method = req.method().to_string();
+    let method = method_label(req.method());
     let started = std::time::Instant::now();
     let mut response = next.run(req).await;
     if response.status() == StatusCode::PAYLOAD_TOO_LARGE
         && response.headers().get(axum::http::header::CONTENT_TYPE).is_none_or(|v| v != "application/problem+json")
     {
         response = axum::response::IntoResponse::into_response(crate::extract::payload_too_large());
+    }
+    if let Some(problem) = plain_error_as_problem(&response) {
+        response = problem;
     }
     let elapsed: Duration = started.elapsed();
     let status = response.status().as_u16().to_string();

@@ -118,7 +118,7 @@ pub async fn get_workflow<S: PaymentStore>(
     caller: Caller,
     Path(id): Path<String>,
 ) -> Result<Json<WorkflowDetail>, ApiError> {
-    let mut detail: WorkflowDetail = visible_view(&state, &caller, &id).await?.into();
+    let mut detail = WorkflowDetail::from(visible_view(&state, &caller, &id).await?).seen_by(&caller);
     detail.audit = crate::routes::audit::of_workflow(&state, &caller, &id).await?;
     Ok(Json(detail))
 }
@@ -171,7 +171,7 @@ pub async fn list_workflows<S: PaymentStore>(
     let next = page.last().filter(|_| more).map(Cursor::after);
     let next_before = next.as_ref().map(|c| c.created_at);
     let next_cursor = next.as_ref().map(encode_cursor);
-    let workflows = page.into_iter().map(WorkflowBody::from).collect();
+    let workflows = page.into_iter().map(|w| WorkflowBody::from(w).seen_by(&caller)).collect();
     Ok(Json(WorkflowPage { next_before, next_cursor, workflows }))
 }
 
@@ -320,11 +320,15 @@ pub async fn healthz() -> Json<serde_json::Value> {
     Json(json!({ "status": "ok" }))
 }
 
-/// The database is reachable.
+/// The database is reachable. A service charging the in-process mock channel says so (`channel`, `warning`).
 #[utoipa::path(get, path = "/readyz", tag = "operations",
     responses((status = 200, description = "Ready"), (status = 503, description = "unavailable", body = crate::error::Problem)))]
 pub async fn readyz<S: PaymentStore>(State(state): State<AppState<S>>) -> Response {
     if state.payments.engine().ready().await {
+        if state.mock_channel {
+            return Json(json!({ "status": "ready", "channel": "mock", "warning": crate::run::MOCK_WARNING }))
+                .into_response();
+        }
         Json(json!({ "status": "ready" })).into_response()
     } else {
         ApiError::new(
@@ -339,12 +343,12 @@ pub async fn readyz<S: PaymentStore>(State(state): State<AppState<S>>) -> Respon
 
 /// Prometheus metrics: requests by route and status, latency histograms, whether the database answers, workflows
 /// by state (counted in the background, with the time of the count), channel calls by outcome, unresolved
-/// payments and refunds (how many, the oldest one's age), refunds by outcome. With operator keys configured, for
-/// operator keys only.
+/// payments and refunds (how many, the oldest one's age), refunds by outcome. With keys configured, for operator keys
+/// only.
 #[utoipa::path(get, path = "/metrics", tag = "operations", responses(
     (status = 200, description = "Prometheus text format"),
-    (status = 401, description = "unauthorized: no operator key (when operator keys are configured)", body = crate::error::Problem),
-    (status = 403, description = "forbidden: a tenant key (when operator keys are configured)", body = crate::error::Problem),
+    (status = 401, description = "unauthorized: no operator key (when keys are configured)", body = crate::error::Problem),
+    (status = 403, description = "forbidden: a tenant key (when keys are configured)", body = crate::error::Problem),
 ))]
 pub async fn metrics<S: PaymentStore>(State(state): State<AppState<S>>, headers: HeaderMap) -> Response {
     if let Err(refused) = may_scrape(&state, &headers) {

@@ -7,7 +7,9 @@ use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::Response;
-use onceflow_payments::{Currency, OrderNo, PayResponse, PaymentBody, PaymentRequest, PaymentStore, RequestNo, Token};
+use onceflow_payments::{
+    Currency, OrderNo, PayResponse, PaymentBody, PaymentCursor, PaymentRequest, PaymentStore, RequestNo, Token,
+};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
@@ -167,6 +169,11 @@ pub async fn get_payment<S: PaymentStore>(
     Ok(Json(p.view()))
 }
 
+/// Payments a page of `GET /v1/payments` holds when the request does not say.
+const DEFAULT_PAGE: i64 = 100;
+/// The most a page of `GET /v1/payments` holds.
+const MAX_PAGE: i64 = 1000;
+
 /// The query of `GET /v1/payments`.
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
@@ -175,20 +182,51 @@ pub struct PaymentsQuery {
     // Required, but read as optional so that its absence is answered as a problem (400 invalid_request).
     #[param(required = true)]
     pub order_no: Option<String>,
+    /// The next page: the `next_cursor` of the previous one.
+    #[param(pattern = r"^(0|[1-9][0-9]{0,17})\.[A-Za-z0-9._:-]{1,64}$")]
+    pub cursor: Option<String>,
+    /// Page size (1–1000, default 100).
+    pub limit: Option<i64>,
 }
 
-/// Every payment attempt of an order (`GET /v1/payments?order_no=`).
+/// A page of an order's payment attempts (`GET /v1/payments?order_no=`).
 #[derive(Debug, Serialize, ToSchema)]
 pub struct PaymentList {
     /// Newest first; empty for an order without payments (or not the caller's).
     pub payments: Vec<PaymentBody>,
+    /// The next page's `cursor`; null on the last page (an answer without it, as older versions gave, is every
+    /// payment).
+    #[schema(required = true)]
+    pub next_cursor: Option<String>,
 }
 
-/// Every payment attempt of one of the caller's orders, newest first (what support asks first).
+/// A cursor as clients see it: `<created_at>.<request_no>` (opaque to clients; documented by the pattern of
+/// `cursor`).
+fn encode_cursor(cursor: &PaymentCursor) -> String {
+    format!("{}.{}", cursor.created_at, cursor.request_no)
+}
+
+/// A cursor in the shape `encode_cursor` writes (the pattern of `cursor`); anything else is `None`. Every string of
+/// that shape is a position in the list, whether or not this server wrote it (`.` and `..` too, which name no
+/// payment).
+fn decode_cursor(raw: &str) -> Option<PaymentCursor> {
+    let (created_at, request_no) = raw.split_once('.')?;
+    let digits_ok = created_at == "0" || (!created_at.starts_with('0') && (1..=18).contains(&created_at.len()));
+    let number_ok = (1..=64).contains(&request_no.len())
+        && request_no.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'));
+    if !digits_ok || !created_at.bytes().all(|b| b.is_ascii_digit()) || !number_ok {
+        return None;
+    }
+    Some(PaymentCursor { created_at: created_at.parse().ok()?, request_no: request_no.to_owned() })
+}
+
+/// The payment attempts of one of the caller's orders, newest first (what support asks first), a page at a time:
+/// `next_cursor` is set only when more follow. Every refused attempt is a record kept for good, so an order may
+/// have any number of them.
 #[utoipa::path(get, path = "/v1/payments", tag = "payments", params(PaymentsQuery),
     responses(
-        (status = 200, description = "The order's payments, newest first; none for an order without payments (or not the tenant's)", body = PaymentList),
-        (status = 400, description = "invalid_request: order_no missing or invalid", body = crate::error::Problem),
+        (status = 200, description = "A page of the order's payments, newest first; none for an order without payments (or not the tenant's)", body = PaymentList),
+        (status = 400, description = "invalid_request: order_no missing or invalid, a limit out of range, a cursor this server did not give", body = crate::error::Problem),
         (status = 403, description = "forbidden: an operator key (payments are a tenant's)", body = crate::error::Problem),
     ))]
 pub async fn list_payments<S: PaymentStore>(
@@ -200,13 +238,42 @@ pub async fn list_payments<S: PaymentStore>(
     let Query(q) = query.map_err(|e| ApiError::invalid(e.body_text()))?;
     let raw = q.order_no.ok_or_else(|| ApiError::invalid("order_no is required"))?;
     let order_no = OrderNo::parse(raw).map_err(|e| ApiError::invalid(e.to_string()))?;
-    let payments = state.payments.payments_of_order(&tenant, &order_no).await?.iter().map(|p| p.view()).collect();
-    Ok(Json(PaymentList { payments }))
+    let limit = q.limit.unwrap_or(DEFAULT_PAGE);
+    if !(1..=MAX_PAGE).contains(&limit) {
+        return Err(ApiError::invalid(format!("limit must be between 1 and {MAX_PAGE}")));
+    }
+    let after = match &q.cursor {
+        Some(raw) => {
+            Some(decode_cursor(raw).ok_or_else(|| ApiError::invalid("cursor is not a next_cursor of this API"))?)
+        }
+        None => None,
+    };
+    // One row more than the page says whether another page follows, so that no empty page carries a cursor.
+    let mut page = state.payments.payments_of_order_page(&tenant, &order_no, after.as_ref(), limit + 1).await?;
+    let more = page.len() > usize::try_from(limit).unwrap_or(usize::MAX);
+    page.truncate(usize::try_from(limit).unwrap_or(usize::MAX));
+    let next_cursor = page
+        .last()
+        .filter(|_| more)
+        .map(|p| encode_cursor(&PaymentCursor { created_at: p.created_at, request_no: p.request_no.to_string() }));
+    Ok(Json(PaymentList { payments: page.iter().map(|p| p.view()).collect(), next_cursor }))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cursors_round_trip_and_odd_ones_are_refused() {
+        let cursor = PaymentCursor { created_at: 1_700_000_000_000, request_no: "R.1:a-b".into() };
+        assert_eq!(decode_cursor(&encode_cursor(&cursor)), Some(cursor));
+        for bad in ["", ".", "1.", ".R", "01.R", "-1.R", "x.R", "1.R 1", "1.R/1", "1234567890123456789.R"] {
+            assert_eq!(decode_cursor(bad), None, "{bad}");
+        }
+        // Any position the pattern allows, even one no payment can have.
+        assert_eq!(decode_cursor("0..").map(|c| c.request_no), Some(".".to_owned()));
+        assert_eq!(decode_cursor(&format!("5.{}", "R".repeat(65))), None);
+    }
 
     #[test]
     fn keys_and_waits_parse() {

@@ -21,6 +21,7 @@ use utoipa::openapi::schema::{ObjectBuilder, Schema, Type};
 use utoipa::{PartialSchema, ToSchema};
 
 use crate::routes::orders::rfc3339;
+use crate::state::Caller;
 
 /// The schema of a workflow's `state` (the engine's [`WorkflowState`], under its name): one of
 /// [`WorkflowState::ALL`]'s texts. Built from the engine's list (rather than restated) so that the document and
@@ -250,6 +251,184 @@ impl From<StepRecord> for StepBody {
 impl From<CompensationRecord> for CompensationBody {
     fn from(c: CompensationRecord) -> Self {
         Self { name: c.name, seq: c.seq, status: c.status, step_key: c.step_key }
+    }
+}
+
+/// How a tenant sees a workflow (issue 35): stable codes and generic details, never what the channel or the
+/// infrastructure said — a step's error may name the channel's URL (`error sending request for url (…)`) or a
+/// database's host, and a refused charge keeps the channel's raw body in the step's output. Operators (and the
+/// zero-configuration mode) see everything. Allow-lists rather than deny-lists, so that what a new step stores
+/// is hidden from tenants until it is known to be theirs.
+mod tenant_view {
+    use serde_json::{Map, Value, json};
+
+    /// The strings of an external step's output a tenant sees, by key: identifiers and codes.
+    const SHOWN: &[&str] = &[
+        "charge_id",
+        "refund_id",
+        "decline_code",
+        "code",
+        "status",
+        "currency",
+        "order_no",
+        "request_no",
+        "refund_no",
+        "merchant_request_no",
+        "merchant_refund_no",
+    ];
+
+    /// What replaces what a tenant does not see.
+    const HIDDEN: &str = "***";
+
+    /// A stored error as a tenant sees it. A failure (`{code, message, details}`) keeps its code, and as message
+    /// the detail of the answer it carries (which its client was given) or a generic one. A plain message keeps
+    /// its leading words when they are only that (`unknown outcome: channel unreachable`, never the URL after
+    /// them), else a generic one.
+    pub(super) fn error(stored: Value) -> Value {
+        match stored {
+            Value::Null => Value::Null,
+            Value::Object(failure) => {
+                let code = failure.get("code").and_then(Value::as_str).filter(|c| is_code(c)).unwrap_or("failed");
+                let answered = failure
+                    .get("details")
+                    .and_then(|d| d.get("answer"))
+                    .and_then(|a| a.get("detail"))
+                    .and_then(Value::as_str);
+                json!({ "code": code, "message": answered.unwrap_or(GENERIC) })
+            }
+            Value::String(message) => Value::String(words(&message).unwrap_or_else(|| GENERIC.to_owned())),
+            _ => Value::String(GENERIC.to_owned()),
+        }
+    }
+
+    /// The generic message of an error a tenant does not see.
+    const GENERIC: &str = "details are shown to operators";
+
+    /// The leading `: `-separated parts of `message` (at most two) that are plain lower-case words.
+    fn words(message: &str) -> Option<String> {
+        let shown: Vec<&str> = message.split(": ").take(2).take_while(|part| is_words(part)).collect();
+        (!shown.is_empty()).then(|| shown.join(": "))
+    }
+
+    fn is_words(part: &str) -> bool {
+        (1..=40).contains(&part.len())
+            && part.starts_with(|c: char| c.is_ascii_lowercase())
+            && part.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b' ')
+    }
+
+    fn is_code(text: &str) -> bool {
+        (1..=64).contains(&text.len()) && text.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+    }
+
+    /// An external step's output as a tenant sees it: its shape (keys, variant names) and numbers stay; strings
+    /// stay only under [`SHOWN`] keys and when they are identifier-like.
+    pub(super) fn output(stored: Value) -> Value {
+        match stored {
+            // A unit variant (`"Refunded"`).
+            Value::String(s) if is_code(&s) => Value::String(s),
+            Value::String(_) => Value::String(HIDDEN.to_owned()),
+            Value::Object(map) => Value::Object(object(map)),
+            other => scrub(other, false),
+        }
+    }
+
+    fn object(map: Map<String, Value>) -> Map<String, Value> {
+        map.into_iter()
+            .map(|(key, value)| {
+                let shown = SHOWN.contains(&key.as_str());
+                let value = match value {
+                    Value::Object(inner) => Value::Object(object(inner)),
+                    other => scrub(other, shown),
+                };
+                (key, value)
+            })
+            .collect()
+    }
+
+    /// A value under a key: strings shown only where `shown` and identifier-like.
+    fn scrub(value: Value, shown: bool) -> Value {
+        match value {
+            Value::String(s) if shown && s.len() <= 128 && s.bytes().all(|b| b.is_ascii_graphic()) => Value::String(s),
+            Value::String(_) => Value::String(HIDDEN.to_owned()),
+            Value::Array(items) => Value::Array(
+                items
+                    .into_iter()
+                    .map(|v| match v {
+                        Value::Object(inner) => Value::Object(object(inner)),
+                        other => scrub(other, shown),
+                    })
+                    .collect(),
+            ),
+            Value::Object(inner) => Value::Object(object(inner)),
+            other => other,
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn errors_keep_codes_and_plain_words_only() {
+            let url = json!("unknown outcome: channel unreachable: error sending request for url (http://10.0.0.1/x)");
+            assert_eq!(error(url), json!("unknown outcome: channel unreachable"));
+            assert_eq!(error(json!("error sending request for url (http://h/)")), json!(GENERIC));
+            assert_eq!(error(json!("refused by the channel (422): {\"ip\": \"10.0.0.1\"}")), json!(GENERIC));
+            assert_eq!(error(json!("unknown outcome: close answered {\"a\":1}")), json!("unknown outcome"));
+            let summary = json!("unknown outcome: channel answered 503");
+            assert_eq!(error(summary.clone()), summary);
+            assert_eq!(
+                error(json!("database error: password authentication failed for user x")),
+                json!("database error")
+            );
+            let failure = json!({"code": "retries_exhausted", "message": "step x: database error: host db.internal", "details": {"x": 1}});
+            assert_eq!(error(failure), json!({"code": "retries_exhausted", "message": GENERIC}));
+            let answered = json!({"code": "channel_refused", "message": "m", "details": {"answer": {"detail": "refused; nothing charged"}}});
+            assert_eq!(error(answered), json!({"code": "channel_refused", "message": "refused; nothing charged"}));
+            assert_eq!(error(Value::Null), Value::Null);
+        }
+
+        #[test]
+        fn outputs_keep_shape_and_identifiers() {
+            let refused =
+                json!({"Refused": {"status": 422, "body": "{\"acquirer\":\"10.20.30.40\"}", "after_unknown": false}});
+            assert_eq!(output(refused), json!({"Refused": {"status": 422, "body": HIDDEN, "after_unknown": false}}));
+            let charged = json!({"Charged": {"charge_id": "ch_1"}});
+            assert_eq!(output(charged.clone()), charged);
+            assert_eq!(output(json!("Refunded")), json!("Refunded"));
+            assert_eq!(output(json!("http://10.0.0.1")), json!(HIDDEN));
+            assert_eq!(output(json!({"code": "a b c"})), json!({"code": HIDDEN}));
+            assert_eq!(output(json!({"list": ["x", 1]})), json!({"list": [HIDDEN, 1]}));
+        }
+    }
+}
+
+impl WorkflowBody {
+    /// What `caller` may see of it: a tenant, the stable codes and generic details of its error (see
+    /// `tenant_view`); everyone else, all of it.
+    pub fn seen_by(mut self, caller: &Caller) -> Self {
+        if caller.tenant_scope().is_some() {
+            self.error = tenant_view::error(std::mem::take(&mut self.error));
+        }
+        self
+    }
+}
+
+impl WorkflowDetail {
+    /// What `caller` may see of it: a tenant, the stable codes and generic details of every error and only the
+    /// identifiers and codes of what external steps (the channel's calls) returned (see `tenant_view`);
+    /// everyone else, all of it.
+    pub fn seen_by(mut self, caller: &Caller) -> Self {
+        if caller.tenant_scope().is_some() {
+            self.workflow = self.workflow.seen_by(caller);
+            for step in &mut self.steps {
+                step.error = tenant_view::error(std::mem::take(&mut step.error));
+                if step.kind == StepKind::External {
+                    step.output = tenant_view::output(std::mem::take(&mut step.output));
+                }
+            }
+        }
+        self
     }
 }
 

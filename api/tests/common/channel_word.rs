@@ -149,7 +149,8 @@ pub async fn start_on(
         ) -> axum::Router {
             payments.engine().spawn_background();
             let wait = std::time::Duration::from_secs(10);
-            let state = onceflow_api::AppState { payments, auth: self.0, wait, body_read_timeout: wait };
+            let state =
+                onceflow_api::AppState { payments, auth: self.0, wait, body_read_timeout: wait, mock_channel: false };
             onceflow_api::app(state).layer(axum::Extension(Arc::new(self.1)))
         }
     }

@@ -53,7 +53,7 @@ impl OnPayments for Router {
     async fn run<S: PaymentStore>(self, payments: Payments<S>) -> axum::Router {
         payments.engine().spawn_background();
         let wait = Duration::from_secs(10);
-        app(AppState { payments, auth: self.0, wait, body_read_timeout: wait })
+        app(AppState { payments, auth: self.0, wait, body_read_timeout: wait, mock_channel: false })
     }
 }
 

@@ -57,7 +57,8 @@ impl Consume {
         self.spawn_with(&[])
     }
 
-    /// Starts one `onceflow consume` with `extra` flags.
+    /// Starts one `onceflow consume` with `extra` flags. Answers may go to every test queue (`onceflow.test.…`:
+    /// each test's reply queue has a name of its own, not `<queue>.replies`).
     pub fn spawn_with(&self, extra: &[&str]) -> Child {
         let log = std::env::var("ONCEFLOW_TEST_LOG").is_ok();
         Command::new(ONCEFLOW)
@@ -66,6 +67,7 @@ impl Consume {
             .args(["--database-url", &self.db, "--channel-url", &self.channel_url])
             .args(["--amqp-url", &self.amqp_url, "--queue", &self.queue, "--tenant", "default"])
             .args(["--prefetch", &self.prefetch.to_string(), "--lease-ms", "1000", "--wait-ms", "10000"])
+            .args(["--reply-to-prefix", "onceflow.test."])
             .env("RUST_LOG", if log { "info" } else { "error" })
             .stdout(Stdio::null())
             .stderr(if log { Stdio::inherit() } else { Stdio::null() })

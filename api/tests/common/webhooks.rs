@@ -114,7 +114,7 @@ impl OnPayments for Start {
             }
         });
         let wait = Duration::from_secs(10);
-        (app(AppState { payments, auth: self.0, wait, body_read_timeout: wait }), tx)
+        (app(AppState { payments, auth: self.0, wait, body_read_timeout: wait, mock_channel: false }), tx)
     }
 }
 

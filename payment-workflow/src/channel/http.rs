@@ -1,5 +1,10 @@
 //! The channel client over HTTP, with a per-request timeout. Numbers in paths are percent-encoded and every
 //! request names its merchant (`contracts/channel.md`).
+//!
+//! An error's text leads with a fixed summary of what happened (`channel unreachable`, `channel timed out`,
+//! `channel answered 503`, `channel answer unreadable`) and follows it, after `: `, with the cause for operators
+//! (the URL, the socket's error). A step stores the whole text; a tenant's view of the workflow shows the summary
+//! alone (`api/src/routes/views.rs`): the channel's address is the operator's business.
 
 use std::time::Duration;
 
@@ -44,10 +49,13 @@ impl HttpChannel {
             Some(traceparent) => request.header("traceparent", traceparent),
             None => request,
         };
-        let response = request.send().await.map_err(|e| ChannelError::Unknown(e.to_string()))?;
+        let response = request.send().await.map_err(|e| {
+            let summary = if e.is_timeout() { "channel timed out" } else { "channel unreachable" };
+            unknown(summary, &e)
+        })?;
         let status = response.status().as_u16();
         match status {
-            200..=299 => response.json().await.map(Some).map_err(|e| ChannelError::Unknown(e.to_string())),
+            200..=299 => response.json().await.map(Some).map_err(|e| unknown("channel answer unreadable", &e)),
             404 => Ok(None),
             400 | 409 | 422 => {
                 let body = response.text().await.unwrap_or_default();
@@ -56,6 +64,22 @@ impl HttpChannel {
             _ => Err(ChannelError::Unknown(format!("channel answered {status}"))),
         }
     }
+}
+
+/// An unknown outcome: `summary`, then `e` with every source under it (reqwest's own text names only the URL;
+/// the refused connection or the timeout is in its sources).
+fn unknown(summary: &str, e: &dyn std::error::Error) -> ChannelError {
+    let mut text = format!("{summary}: {e}");
+    let mut source = e.source();
+    while let Some(cause) = source {
+        let cause = cause.to_string();
+        if !text.ends_with(&cause) {
+            text.push_str(": ");
+            text.push_str(&cause);
+        }
+        source = source.and_then(std::error::Error::source);
+    }
+    ChannelError::Unknown(text)
 }
 
 #[async_trait::async_trait]

@@ -188,6 +188,17 @@ impl<S: PaymentStore> Payments<S> {
         Ok(self.store().payments_of_order(tenant, order_no).await?)
     }
 
+    /// A page of the payments of the tenant's order, newest first: at most `limit`, those after `after`.
+    pub async fn payments_of_order_page(
+        &self,
+        tenant: &str,
+        order_no: &OrderNo,
+        after: Option<&crate::store::PaymentCursor>,
+        limit: i64,
+    ) -> Result<Vec<PaymentRecord>> {
+        Ok(self.store().payments_of_order_page(tenant, order_no, after, limit).await?)
+    }
+
     /// Issues an idempotency token for the tenant.
     pub async fn issue_token(&self, tenant: &str) -> Result<IssuedToken> {
         let token = Token::issue();

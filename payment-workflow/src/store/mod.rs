@@ -38,6 +38,17 @@ pub enum TokenKind {
     Used,
 }
 
+/// Where a page of an order's payments ends: the `created_at` and `request_no` of its last (oldest) record; the
+/// next page holds the records before it in that order. A position, whether or not a record is there: its
+/// number is any text (compared, never looked up).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PaymentCursor {
+    /// The last record's creation time (ms).
+    pub created_at: i64,
+    /// The last record's number (breaking ties within a millisecond).
+    pub request_no: String,
+}
+
 /// How reserving an order for payment went.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Reserve {
@@ -203,11 +214,21 @@ pub trait PaymentStore: Store + RefundStore + crate::events::EventStore + Channe
         charge_id: &str,
     ) -> impl Future<Output = Result<Option<PaymentRecord>, sqlx::Error>> + Send;
     /// Every payment record of the tenant's order `order_no` (each attempt), newest first, through the index
-    /// `payments_order`.
+    /// `payments_order_page`.
     fn payments_of_order(
         &self,
         tenant: &str,
         order_no: &OrderNo,
+    ) -> impl Future<Output = Result<Vec<PaymentRecord>, sqlx::Error>> + Send;
+    /// At most `limit` payment records of the tenant's order `order_no`, newest first (by `created_at`, then
+    /// `request_no`), those after `after` when given: one range of the index `payments_order_page`, however many
+    /// attempts the order has (every refused one is a record, kept for good).
+    fn payments_of_order_page(
+        &self,
+        tenant: &str,
+        order_no: &OrderNo,
+        after: Option<&PaymentCursor>,
+        limit: i64,
     ) -> impl Future<Output = Result<Vec<PaymentRecord>, sqlx::Error>> + Send;
     /// How many payments are unresolved (their record still `processing`: the charge outcome is unknown or the
     /// channel said processing) and the oldest one's `created_at` (ms), through the partial index

@@ -8,7 +8,7 @@ use onceflow_engine::{Conn, Failure, Interrupt, StepSpec, Store, WorkflowContext
 use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, Type};
 
 use super::statement::{self, PhaseDialect};
-use super::{PassLock, PaymentStore, Reserve, ReserveSteps, Sql, TokenCheck, TokenKind, engine_error};
+use super::{PassLock, PaymentCursor, PaymentStore, Reserve, ReserveSteps, Sql, TokenCheck, TokenKind, engine_error};
 use crate::model::PaymentInput;
 use crate::model::{
     Currency, Order, OrderNo, OrderStatus, PaymentRecord, PaymentStatus, RequestNo, StoredResponse, Token, TokenRecord,
@@ -328,6 +328,39 @@ where
         )
         .bind(order_no.clone())
         .bind(tenant.to_owned())
+        .fetch_all(self.pool())
+        .await
+    }
+
+    async fn payments_of_order_page(
+        &self,
+        tenant: &str,
+        order_no: &OrderNo,
+        after: Option<&PaymentCursor>,
+        limit: i64,
+    ) -> Result<Vec<PaymentRecord>, sqlx::Error> {
+        let Some(after) = after else {
+            return sqlx::query_as(
+                "SELECT * FROM payments WHERE order_no = $1 AND tenant = $2 \
+                 ORDER BY created_at DESC, request_no DESC LIMIT $3",
+            )
+            .bind(order_no.clone())
+            .bind(tenant.to_owned())
+            .bind(limit)
+            .fetch_all(self.pool())
+            .await;
+        };
+        // `created_at <= $3` bounds the index range; the rest only sorts out the cursor's own millisecond.
+        sqlx::query_as(
+            "SELECT * FROM payments WHERE order_no = $1 AND tenant = $2 \
+             AND created_at <= $3 AND (created_at < $3 OR request_no < $4) \
+             ORDER BY created_at DESC, request_no DESC LIMIT $5",
+        )
+        .bind(order_no.clone())
+        .bind(tenant.to_owned())
+        .bind(after.created_at)
+        .bind(after.request_no.clone())
+        .bind(limit)
         .fetch_all(self.pool())
         .await
     }

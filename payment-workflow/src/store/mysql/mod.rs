@@ -4,7 +4,7 @@
 
 use onceflow_engine::{Conn, Failure, Interrupt, MySqlStore, StepSpec, Store, WorkflowContext};
 
-use super::{PassLock, PaymentStore, Reserve, ReserveSteps, Sql, TokenCheck, TokenKind};
+use super::{PassLock, PaymentCursor, PaymentStore, Reserve, ReserveSteps, Sql, TokenCheck, TokenKind};
 use crate::model::PaymentInput;
 use crate::model::{
     Order, OrderNo, OrderStatus, PaymentRecord, PaymentStatus, RequestNo, StoredResponse, Token, TokenRecord,
@@ -251,6 +251,41 @@ impl PaymentStore for MySqlStore {
         )
         .bind(tenant)
         .bind(order_no)
+        .fetch_all(self.pool())
+        .await
+    }
+
+    async fn payments_of_order_page(
+        &self,
+        tenant: &str,
+        order_no: &OrderNo,
+        after: Option<&PaymentCursor>,
+        limit: i64,
+    ) -> Result<Vec<PaymentRecord>, sqlx::Error> {
+        let Some(after) = after else {
+            return sqlx::query_as(
+                "SELECT * FROM payments WHERE tenant = ? AND order_no = ? \
+                 ORDER BY created_at DESC, request_no DESC LIMIT ?",
+            )
+            .bind(tenant)
+            .bind(order_no)
+            .bind(limit)
+            .fetch_all(self.pool())
+            .await;
+        };
+        // `created_at <= ?` bounds the index range (MySQL does not range-scan a row comparison); the rest only
+        // sorts out the cursor's own millisecond.
+        sqlx::query_as(
+            "SELECT * FROM payments WHERE tenant = ? AND order_no = ? \
+             AND created_at <= ? AND (created_at < ? OR request_no < ?) \
+             ORDER BY created_at DESC, request_no DESC LIMIT ?",
+        )
+        .bind(tenant)
+        .bind(order_no)
+        .bind(after.created_at)
+        .bind(after.created_at)
+        .bind(&after.request_no)
+        .bind(limit)
         .fetch_all(self.pool())
         .await
     }
