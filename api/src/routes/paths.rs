@@ -59,6 +59,10 @@ fn code_of(route: Option<&str>) -> &'static str {
         "payment_not_found"
     } else if route.contains("{order_no}") {
         "order_not_found"
+    } else if route.contains("{event_id}") {
+        "event_not_found"
+    } else if route.contains("{endpoint_id}") {
+        "endpoint_not_found"
     } else {
         "not_found"
     }
@@ -78,6 +82,8 @@ mod tests {
         }
         assert_eq!(code_of(Some("/v1/workflows/{workflow_id}/retry")), "workflow_not_found");
         assert_eq!(code_of(Some("/v1/payments/{request_no}/refunds")), "payment_not_found");
+        assert_eq!(code_of(Some("/v1/events/{event_id}/redeliver")), "event_not_found");
+        assert_eq!(code_of(Some("/v1/webhook-endpoints/{endpoint_id}/deliveries")), "endpoint_not_found");
         assert_eq!(code_of(None), "not_found");
     }
 }
