@@ -111,7 +111,8 @@ async fn a_tenant_does_not_see_a_down_channels_url(url: String) {
     // What the tenant does see: the step, its status, and a generic word on its error.
     let view = acme.get(&format!("/v1/workflows/{workflow_id}")).await.json();
     let step = view["steps"].as_array().unwrap().iter().find(|s| s["step_key"] == "call_channel").cloned().unwrap();
-    assert_eq!(step["status"], "unknown", "{step}");
+    // Between attempts (`unknown`), or in the next one (`started`): either way what the last one learnt.
+    assert!(step["status"] == "unknown" || step["status"] == "started", "{step}");
     assert_eq!(step["error"], "unknown outcome: channel unreachable", "{step}");
 }
 

@@ -170,15 +170,16 @@ pub struct WorkflowDetail {
     pub workflow: WorkflowBody,
 }
 
-/// Why a workflow waits on `step`, in words: what its last attempt learnt, and whether a call is in flight.
-fn reason(step: &StepRecord) -> String {
-    let learnt = match json_value(step.error.as_deref()) {
+/// Why a workflow waits on a step (its `status`, `attempts` and last `error`), in words: what its last attempt
+/// learnt, and whether a call is in flight.
+fn reason(status: StepStatus, attempts: i32, error: Value) -> String {
+    let learnt = match error {
         Value::Null => None,
         Value::String(message) => Some(message),
         error => Some(error.get("message").and_then(Value::as_str).map_or_else(|| error.to_string(), str::to_owned)),
     };
-    match (step.status, learnt) {
-        (StepStatus::Started, Some(learnt)) => format!("{learnt} (asked again: attempt {} in flight)", step.attempts),
+    match (status, learnt) {
+        (StepStatus::Started, Some(learnt)) => format!("{learnt} (asked again: attempt {attempts} in flight)"),
         (StepStatus::Started, None) => "a call is in flight (or the process making it stopped): its outcome is \
                                         found out before anything is done again"
             .to_owned(),
@@ -427,6 +428,11 @@ impl WorkflowDetail {
                     step.output = tenant_view::output(std::mem::take(&mut step.output));
                 }
             }
+            // The reason is told from the step's error: a tenant's, from what it sees of that error.
+            if let Some(wait) = &mut self.waiting_for {
+                let error = self.steps.iter().find(|s| s.step_key == wait.step_key).map(|s| s.error.clone());
+                wait.reason = reason(wait.status, wait.attempts, error.unwrap_or(Value::Null));
+            }
         }
         self
     }
@@ -437,7 +443,7 @@ impl From<WorkflowView> for WorkflowDetail {
         let waiting_for = view.waiting_for().map(|step| WaitingForBody {
             attempts: step.attempts,
             next_attempt_at: rfc3339(view.workflow.next_attempt_at),
-            reason: reason(step),
+            reason: reason(step.status, step.attempts, json_value(step.error.as_deref())),
             since: rfc3339(step.started_at),
             status: step.status,
             step_key: step.step_key.clone(),
