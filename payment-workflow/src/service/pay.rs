@@ -60,6 +60,16 @@ impl<S: PaymentStore> Payments<S> {
         let bound = |f: &Option<String>, r: &Option<String>| {
             f.as_deref() == Some(&input.fingerprint) && r.as_deref() == Some(route)
         };
+        // A request for an order that does not exist is answered so whoever binds the token: its answer must
+        // not depend on whether a concurrent request under the token bound it first (that request, for an order
+        // that exists, is the one the token answers from then on).
+        let mismatch = || {
+            if order_exists {
+                mismatch()
+            } else {
+                PayResponse::fresh(Problem::order_not_found(request.order_no()).response())
+            }
+        };
         match stored.state {
             TokenState::Completed => {
                 if !bound(&stored.fingerprint, &stored.route) {
