@@ -592,6 +592,37 @@ async fn a_refund_answer_that_does_not_match(url: &str) {
     assert!(found.is_empty(), "{found:?}");
 }
 
+on_every_backend!(a_refusal_of_the_repeated_refund:
+    a_refusal_of_a_repeated_compensation_refund_asks_what_the_channel_holds_sqlite => sqlite,
+    a_refusal_of_a_repeated_compensation_refund_asks_what_the_channel_holds_postgres => postgres,
+    a_refusal_of_a_repeated_compensation_refund_asks_what_the_channel_holds_mysql => mysql,
+);
+
+/// The compensation's refund is made but its reply lost, and the same request again is refused
+/// `409 exceeds_charge` (the channel checks the balance the refund itself took before its number). The refusal
+/// says nothing of the number: what the channel holds under it is asked, the refund it made is the outcome, and
+/// the payment is undone (order payable again, nothing kept) — not rolled forward as if the money were kept.
+async fn a_refusal_of_the_repeated_refund(url: &str) {
+    let channel = TestChannel::serve(Duration::ZERO, false).await;
+    channel.set_charge_mode(ChargeMode::Processing);
+    let app = common::start(url, http_channel(&channel), Auth::SingleTenant).await;
+    app.order("O-1", 1000).await;
+    let token = app.token().await;
+    assert_eq!(pay_in_background(&app, &token, body("O-1", 1000, "R-1")).await.status, 202);
+    until("the charge reached the channel", Duration::from_secs(10), || channel.charges().len() == 1).await;
+    let workflow_id = workflow_of(&token);
+    let cancel = app.post(&format!("/v1/workflows/{workflow_id}/cancel"), json!({})).await;
+    assert_eq!(cancel.status, 200, "{}", cancel.text);
+    channel.set_refund_mode(RefundMode::LoseReplyBalanceFirst);
+    channel.settle_charges("succeeded");
+    let view = final_view(&app, &workflow_id, Duration::from_secs(20)).await;
+    assert_eq!(view["workflow"]["state"], "cancelled", "{view}");
+    assert_eq!(order_status(&app, "O-1").await, "pending", "{view}");
+    assert_eq!(channel.kept("default", "O-1"), 0);
+    let found = violations(url, channel.ledger()).await;
+    assert!(found.is_empty(), "{found:?}");
+}
+
 // ---- 6. Leases by the database's clock ---------------------------------------------------------------------
 
 /// A process clock `skew_ms` off the wall clock (and the database's).

@@ -219,6 +219,29 @@ async fn one_refund_fifty_times(url: &str) {
     assert_invariants(url, &channel).await;
 }
 
+on_every_backend!(balance_checked_first:
+    a_refusal_after_a_lost_reply_is_no_failure_sqlite => sqlite,
+    a_refusal_after_a_lost_reply_is_no_failure_postgres => postgres,
+    a_refusal_after_a_lost_reply_is_no_failure_mysql => mysql,
+);
+
+/// A channel that checks a charge's balance before a refund's number, and lost the reply of a refund that took
+/// all of it: the same request again is refused `409 exceeds_charge`. That refusal says nothing of the number
+/// (the channel holds the refund): asked what it holds, the channel's refund is the outcome. (Before, the
+/// refusal was final: `422 refund_failed`, the amount refundable again while the channel had refunded it.)
+async fn balance_checked_first(url: &str) {
+    let channel = TestChannel::serve(Duration::ZERO, false).await;
+    let app = common::start(url, http_channel(&channel), Auth::SingleTenant).await;
+    paid(&app, "O-1", 1000, "R-1").await;
+    channel.set_refund_mode(RefundMode::LoseReplyBalanceFirst);
+    let whole = app.refund(&app.token().await, "R-1", json!({"amount": 1000, "refund_no": "RF-all"})).await;
+    assert_eq!(whole.status, 201, "{}", whole.text);
+    assert_eq!(app.get("/v1/refunds/RF-all").await.json()["status"], "succeeded");
+    assert_eq!(refunded_amount(&app, "R-1").await, 1000);
+    assert_eq!(order_status(&app, "O-1").await, "refunded");
+    assert_invariants(url, &channel).await;
+}
+
 on_every_backend!(channel_answers:
     every_answer_of_the_channel_to_a_refund_sqlite => sqlite,
     every_answer_of_the_channel_to_a_refund_postgres => postgres,

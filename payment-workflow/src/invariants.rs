@@ -62,16 +62,29 @@ pub async fn check_invariants<S: PaymentStore>(store: &S, ledger: &Ledger) -> Re
     Ok(violations)
 }
 
-/// What the merchant's succeeded refunds (not a compensation's) gave back of each charge, by its number.
-fn merchant_refunded(ledger: &Ledger) -> HashMap<Key, i64> {
+/// What the refunds a payment records gave back of each charge, by its number: the merchant's succeeded refunds,
+/// and a compensation's that gave back only part of a charge that was then kept (its payment rolled forward,
+/// `succeeded`, the part recorded as refunded).
+fn recorded_refunds(ledger: &Ledger, payments: &HashMap<Key, PaymentRecord>) -> HashMap<Key, i64> {
     let mut refunded = HashMap::new();
     for r in ledger.refunds.iter().filter(|r| r.status == RefundStatus::Succeeded) {
-        if refund_no_of(&r.merchant_refund_no).is_some() {
-            let key = (r.merchant_id.clone().unwrap_or_default(), r.merchant_request_no.clone());
+        let key = (r.merchant_id.clone().unwrap_or_default(), r.merchant_request_no.clone());
+        if refund_no_of(&r.merchant_refund_no).is_some() || kept_part(r, payments.get(&key)) {
             *refunded.entry(key).or_default() += r.amount;
         }
     }
     refunded
+}
+
+/// Whether `r`, a compensation's refund, gave back only part of its payment `p`'s charge, the rest kept.
+fn kept_part(r: &crate::channel::Refund, p: Option<&PaymentRecord>) -> bool {
+    refund_no_of(&r.merchant_refund_no).is_none()
+        && r.status == RefundStatus::Succeeded
+        && p.is_some_and(|p| {
+            p.request_no.refund_no() == r.merchant_refund_no
+                && p.status == PaymentStatus::Succeeded
+                && r.amount < p.amount
+        })
 }
 
 async fn check_orders<S: PaymentStore>(
@@ -80,7 +93,7 @@ async fn check_orders<S: PaymentStore>(
     payments: &HashMap<Key, PaymentRecord>,
     violations: &mut Vec<Violation>,
 ) -> Result<(), sqlx::Error> {
-    let refunded = merchant_refunded(ledger);
+    let refunded = recorded_refunds(ledger, payments);
     for order in &store.all_orders().await? {
         let (tenant, order_no) = (&order.tenant, &order.order_no);
         let kept = ledger.kept_charges_of(tenant, order_no.as_str());
@@ -114,7 +127,7 @@ async fn check_orders<S: PaymentStore>(
 }
 
 fn check_charges(ledger: &Ledger, payments: &HashMap<Key, PaymentRecord>, violations: &mut Vec<Violation>) {
-    let refunded = merchant_refunded(ledger);
+    let refunded = recorded_refunds(ledger, payments);
     for charge in &ledger.charges {
         let key = (charge.merchant_id.clone(), charge.merchant_request_no.clone());
         let name = format!("{}/{}", charge.merchant_id, charge.merchant_request_no);
@@ -160,6 +173,7 @@ fn check_refunds(
         violations.push(Violation("two refunds share a channel number".into()));
     }
     let mut at_channel: HashMap<Key, RefundStatus> = HashMap::new();
+    let mut by_payment: HashMap<Key, (i64, i64)> = HashMap::new();
     for r in &ledger.refunds {
         let merchant = r.merchant_id.clone().unwrap_or_default();
         let name = format!("{merchant}/{}", r.merchant_refund_no);
@@ -167,10 +181,14 @@ fn check_refunds(
             violations.push(Violation(format!("refund number {name} was used twice at the channel")));
         }
         if refund_no_of(&r.merchant_refund_no).is_none() {
-            // A compensation's: the payment's own number, refunded whole.
-            let own = payments
-                .get(&(merchant.clone(), r.merchant_request_no.clone()))
-                .is_some_and(|p| p.request_no.refund_no() == r.merchant_refund_no && p.amount == r.amount);
+            // A compensation's: the payment's own number, refunded whole (or, kept, in part).
+            let payment = payments.get(&(merchant.clone(), r.merchant_request_no.clone()));
+            let own = payment.is_some_and(|p| p.request_no.refund_no() == r.merchant_refund_no && p.amount == r.amount)
+                || kept_part(r, payment);
+            if kept_part(r, payment) {
+                let entry = by_payment.entry((merchant.clone(), r.merchant_request_no.clone())).or_default();
+                entry.0 += r.amount;
+            }
             if !own {
                 violations.push(Violation(format!("refund {name} is neither a merchant's nor a compensation's")));
             }
@@ -195,7 +213,6 @@ fn check_refunds(
             }
         }
     }
-    let mut by_payment: HashMap<Key, (i64, i64)> = HashMap::new();
     let mut numbers = HashSet::new();
     for o in refunds {
         let name = format!("refund {}/{}", o.tenant, o.refund_no);

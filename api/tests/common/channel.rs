@@ -54,6 +54,10 @@ pub enum RefundMode {
     /// Only half of what was asked is refunded, and the answer says so (`succeeded`, half the amount): a
     /// channel whose answer does not match the request.
     Half,
+    /// As [`RefundMode::LoseReply`], and the charge's balance is checked before the number: the same request
+    /// again is refused `409 exceeds_charge` when the refund it repeats took the balance (a channel may check
+    /// in that order; a refusal then says nothing of the number).
+    LoseReplyBalanceFirst,
 }
 
 /// How the channel answers a new charge request.
@@ -133,6 +137,7 @@ impl TestChannel {
             .route("/v1/charges/{no}", get(query))
             .route("/v1/charges/{no}/close", post(close))
             .route("/v1/refunds", post(refund))
+            .route("/v1/refunds/{no}", get(query_refund))
             .route("/v1/statements/{date}", get(super::channel_word::statement))
             .with_state(channel.clone());
         tokio::spawn(axum::serve(listener, app).into_future());
@@ -326,6 +331,18 @@ async fn query(
     }
 }
 
+async fn query_refund(
+    State(c): State<TestChannel>,
+    Path(no): Path<String>,
+    Query(q): Query<HashMap<String, String>>,
+) -> Response {
+    let key = c.key(q.get("merchant_id").map_or("", String::as_str), &no);
+    match c.book.lock().unwrap().refunds.get(&key) {
+        Some(done) => answer(200, done.clone()),
+        None => answer(404, json!({"error": "not_found"})),
+    }
+}
+
 async fn close(State(c): State<TestChannel>, Path(no): Path<String>, Json(req): Json<Value>) -> Response {
     if c.closeless.load(Ordering::SeqCst) {
         return answer(404, json!({"error": "not_found"}));
@@ -361,6 +378,21 @@ fn refund_answer(c: &TestChannel, req: &Value) -> Response {
     let mut book = c.book.lock().unwrap();
     book.refund_calls += 1;
     let mode = book.refund_mode;
+    if mode == RefundMode::LoseReplyBalanceFirst
+        && let Some(kept) = book.charges.get(&charge_key)
+    {
+        let taken: i64 = book
+            .refunds
+            .iter()
+            .filter(|(k, r)| {
+                k.0 == charge_key.0 && text(r, "merchant_request_no") == charge_key.1 && r["status"] != "failed"
+            })
+            .map(|(_, r)| r["amount"].as_i64().unwrap_or(0))
+            .sum();
+        if taken + amount > kept.amount {
+            return answer(409, json!({"error": "exceeds_charge"}));
+        }
+    }
     if let Some(done) = book.refunds.get(&refund_key) {
         let same = done["merchant_request_no"] == req["merchant_request_no"] && done["amount"] == req["amount"];
         return if same { answer(200, done.clone()) } else { answer(409, json!({"error": "conflict"})) };
@@ -401,7 +433,7 @@ fn refund_answer(c: &TestChannel, req: &Value) -> Response {
         kept.refunded_amount += amount;
     }
     book.refunds.insert(refund_key, done.clone());
-    if mode == RefundMode::LoseReply {
+    if matches!(mode, RefundMode::LoseReply | RefundMode::LoseReplyBalanceFirst) {
         return answer(500, json!({"error": "internal"}));
     }
     answer(200, done)

@@ -115,6 +115,11 @@ impl Channel for HttpChannel {
         self.send(sent).await?.ok_or_else(|| ChannelError::Unknown("refund answered 404".into()))
     }
 
+    async fn query_refund(&self, merchant_id: &str, merchant_refund_no: &str) -> Result<Option<Refund>, ChannelError> {
+        let url = format!("{}/v1/refunds/{}", self.base, path_segment(merchant_refund_no));
+        self.send(self.client.get(url).query(&[("merchant_id", merchant_id)])).await
+    }
+
     async fn statement(
         &self,
         merchant_id: &str,

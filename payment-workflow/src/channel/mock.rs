@@ -559,6 +559,10 @@ impl Channel for MockChannel {
         }
     }
 
+    async fn query_refund(&self, merchant_id: &str, merchant_refund_no: &str) -> Result<Option<Refund>, ChannelError> {
+        Ok(self.handle_refund_query(merchant_id, merchant_refund_no).await)
+    }
+
     async fn statement(&self, merchant_id: &str, day: chrono::NaiveDate) -> Result<Option<Statement>, ChannelError> {
         Ok(self.statement_of(merchant_id, day))
     }

@@ -209,6 +209,12 @@ pub trait Channel: Send + Sync + 'static {
     async fn close(&self, merchant_id: &str, merchant_request_no: &str) -> Result<Closed, ChannelError>;
     /// Creates (or returns) a refund.
     async fn refund(&self, request: &RefundRequest) -> Result<Refund, ChannelError>;
+    /// The merchant's refund with this number (`GET /v1/refunds/{merchant_refund_no}`); `None` if the channel
+    /// holds none (yet: a request may be in flight). A channel that cannot be asked says so as a refusal.
+    async fn query_refund(&self, merchant_id: &str, merchant_refund_no: &str) -> Result<Option<Refund>, ChannelError> {
+        let _ = (merchant_id, merchant_refund_no);
+        Err(ChannelError::Refused { status: 404, body: "this channel answers no refund queries".into() })
+    }
     /// The merchant's statement of a UTC day, as a stream of lines (`GET /v1/statements/{date}`); `None` for a
     /// day the channel has no statement of yet (`404`). A channel that serves none says so as a refusal.
     async fn statement(&self, merchant_id: &str, day: chrono::NaiveDate) -> Result<Option<Statement>, ChannelError> {

@@ -36,6 +36,10 @@ impl Channel for Notifying {
         self.inner.refund(&request).await
     }
 
+    async fn query_refund(&self, merchant_id: &str, merchant_refund_no: &str) -> Result<Option<Refund>, ChannelError> {
+        self.inner.query_refund(merchant_id, merchant_refund_no).await
+    }
+
     async fn statement(&self, merchant_id: &str, day: chrono::NaiveDate) -> Result<Option<Statement>, ChannelError> {
         self.inner.statement(merchant_id, day).await
     }

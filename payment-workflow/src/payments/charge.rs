@@ -5,7 +5,9 @@
 use onceflow_engine::{Attempt, Interrupt, Previous, StepError};
 use serde::{Deserialize, Serialize};
 
-use crate::channel::{Channel, ChannelError, Charge, ChargeRequest, ChargeStatus, Closed, RefundRequest, RefundStatus};
+use crate::channel::{
+    Channel, ChannelError, Charge, ChargeRequest, ChargeStatus, Closed, Refund, RefundRequest, RefundStatus,
+};
 use crate::model::PaymentInput;
 use crate::model::Problem;
 
@@ -127,14 +129,18 @@ pub(super) enum Undone {
     NothingTaken,
     /// The charge under the number is not this payment's: left alone.
     NotOurs,
-    /// This payment's charge `charge_id` was taken and the channel definitively did not give it back: its
-    /// refund `failed`, or was refused (`4xx`, nothing refunded). The money stays taken, so the payment rolls
-    /// forward (kept, paid) rather than hold it with the order unpaid; `why` is for operators.
+    /// This payment's charge `charge_id` was taken and the channel definitively did not give it (all) back: its
+    /// refund `failed`, or was refused (`4xx`, nothing refunded under its number), or succeeded for only part of
+    /// the amount (`refunded`). The money stays taken, so the payment rolls forward (kept, paid, what came back
+    /// recorded as refunded) rather than hold it with the order unpaid; `why` is for operators.
     Kept {
         /// The charge kept.
         charge_id: String,
         /// What the channel answered to the refund.
         why: String,
+        /// What the refund did give back (minor units, less than the charge): part of the charge.
+        #[serde(default)]
+        refunded: i64,
     },
 }
 
@@ -144,9 +150,11 @@ pub(super) enum Undone {
 /// `charge_id` succeed, so there is nothing to close and it is refunded at once.
 ///
 /// A refund is believed only when its answer is the refund asked for (merchant, number, charge, amount): any
-/// other answer — half the amount, another number — is no success, and the same request is sent again (an
-/// unknown outcome: the channel is idempotent on the number). A refund the channel failed or refused is final:
-/// the charge is [`Undone::Kept`].
+/// other answer — another number, another charge — is no success, and the same request is sent again (an
+/// unknown outcome: the channel is idempotent on the number). A refund the channel failed, or refused while it
+/// holds none under the number, is final: the charge is [`Undone::Kept`]. So is one the channel made under this
+/// refund's own number, of this charge, for part of the amount: the part is recorded as refunded, never asked
+/// again (the number is taken) and never taken for the whole.
 pub(super) async fn undo_charge(
     channel: &dyn Channel,
     i: &PaymentInput,
@@ -188,33 +196,58 @@ pub(super) async fn undo_charge(
         amount: i.amount,
         notify_url: None,
     };
-    let kept = |why: String| Ok(Undone::Kept { charge_id: charge_id.clone(), why });
-    match channel.refund(&refund).await {
-        Ok(r) if !r.matches(&refund) => {
-            tracing::warn!(request_no = %i.request_no, refund_no = %refund.merchant_refund_no, answered = ?r,
-                "the channel answered for another refund than the one asked: not believed, asked again");
-            Err(StepError::UnknownOutcome(format!(
-                "the channel's answer to refund {} is not that refund (number, charge, amount or merchant differ); \
-                 asking again",
-                refund.merchant_refund_no
-            )))
-        }
-        Ok(r) => match r.status {
-            RefundStatus::Succeeded => Ok(Undone::Refunded),
-            RefundStatus::Processing => Err(StepError::UnknownOutcome(format!(
-                "refund {} of charge {} is processing at the channel",
-                refund.merchant_refund_no, request.merchant_request_no
-            ))),
-            RefundStatus::Failed => {
-                kept(format!("the channel failed refund {} ({})", refund.merchant_refund_no, r.refund_id))
-            }
-        },
+    let kept = |why: String| Ok(Undone::Kept { charge_id: charge_id.clone(), why, refunded: 0 });
+    let held = match channel.refund(&refund).await {
+        Ok(r) => r,
         Err(ChannelError::Refused { status, body }) => {
+            // A refusal speaks for this request, not for the number (a channel may check the charge's balance
+            // first, or hold another amount under it): what it holds under the number decides.
             tracing::warn!(request_no = %i.request_no, status, %body, "the channel refused the refund");
-            kept(format!("the channel refused refund {} ({status})", refund.merchant_refund_no))
+            match channel.query_refund(&refund.merchant_id, &refund.merchant_refund_no).await {
+                Ok(Some(r)) => r,
+                Ok(None) | Err(ChannelError::Refused { .. }) => {
+                    return kept(format!("the channel refused refund {} ({status})", refund.merchant_refund_no));
+                }
+                Err(e) => return Err(unknown(e)),
+            }
         }
-        Err(e) => Err(unknown(e)),
+        Err(e) => return Err(unknown(e)),
+    };
+    if let Some(part) = part_of(&held, &refund) {
+        tracing::warn!(request_no = %i.request_no, refund_no = %refund.merchant_refund_no, part, asked = refund.amount,
+            "the channel refunded part of the charge under this refund's number: the rest is kept");
+        let why =
+            format!("the channel refunded {part} of {} under refund {}", refund.amount, refund.merchant_refund_no);
+        return Ok(Undone::Kept { charge_id: charge_id.clone(), why, refunded: part });
     }
+    if !held.matches(&refund) {
+        tracing::warn!(request_no = %i.request_no, refund_no = %refund.merchant_refund_no, answered = ?held,
+            "the channel answered for another refund than the one asked: not believed, asked again");
+        return Err(StepError::UnknownOutcome(format!(
+            "the channel's answer to refund {} is not that refund (number, charge or merchant differ); asking again",
+            refund.merchant_refund_no
+        )));
+    }
+    match held.status {
+        RefundStatus::Succeeded => Ok(Undone::Refunded),
+        RefundStatus::Processing => Err(StepError::UnknownOutcome(format!(
+            "refund {} of charge {} is processing at the channel",
+            refund.merchant_refund_no, request.merchant_request_no
+        ))),
+        RefundStatus::Failed => {
+            kept(format!("the channel failed refund {} ({})", refund.merchant_refund_no, held.refund_id))
+        }
+    }
+}
+
+/// What `held` gave back of the charge when it is `asked`'s own refund — the same merchant (when echoed), number
+/// and charge — succeeded for less than asked: a part of the charge, the rest kept.
+fn part_of(held: &Refund, asked: &RefundRequest) -> Option<i64> {
+    let own = held.merchant_id.as_deref().is_none_or(|m| m == asked.merchant_id)
+        && held.merchant_refund_no == asked.merchant_refund_no
+        && held.merchant_request_no == asked.merchant_request_no;
+    (own && held.status == RefundStatus::Succeeded && held.amount > 0 && held.amount < asked.amount)
+        .then_some(held.amount)
 }
 
 /// What a compensation waiting for this payment's `processing` charge waits for.

@@ -135,8 +135,8 @@ impl PaymentSaga {
                 let channel = &self.channel;
                 let undo = |_| undo_charge(channel.as_ref(), &i, charged.clone());
                 let undone = ctx.external(step("refund").retry(self.channel_retry), undo).await?;
-                if let Undone::Kept { charge_id, why } = undone {
-                    return keep_charge(ctx, &i, now, charge_id, why).await;
+                if let Undone::Kept { charge_id, why, refunded } = undone {
+                    return keep_charge(ctx, &i, now, Kept { charge_id, why, refunded }).await;
                 }
                 tracing::info!(request_no = %i.request_no, ?undone, "charge undone");
                 Ok(())
@@ -198,15 +198,22 @@ impl PaymentSaga {
 /// step — committed with the workflow's end — the order goes `paying → paid` (only under this payment's
 /// reservation), the record `succeeded` with the charge, the token `completed` with the charge's `201`; the
 /// workflow ends `completed` with that answer, its exception `kept_after_failed_refund` kept for operators (and
-/// logged, and counted). The compensations after the refund never run. Should the order no longer be this
+/// logged, and counted). What the refund did give back of the charge, if anything, is recorded as refunded with
+/// it (the merchant may refund the rest). The compensations after the refund never run. Should the order no longer be this
 /// payment's (nothing moves it but this payment's own steps), nothing is written and the workflow ends
 /// `compensation_failed` for an operator.
+/// A charge kept ([`Undone::Kept`]).
+struct Kept {
+    charge_id: String,
+    why: String,
+    refunded: i64,
+}
+
 async fn keep_charge<S: PaymentStore>(
     ctx: &mut WorkflowContext<S>,
     i: &PaymentInput,
     now: i64,
-    charge_id: String,
-    why: String,
+    Kept { charge_id, why, refunded }: Kept,
 ) -> Result<(), Interrupt> {
     let body = i.payment_body(PaymentStatus::Succeeded, Some(&charge_id)).render();
     let response = StoredResponse { status: 201, body: body.clone() };
@@ -221,7 +228,10 @@ async fn keep_charge<S: PaymentStore>(
                     "the order is no longer paying under this payment: its charge cannot be kept",
                 ));
             }
-            S::succeed_payment(&mut *c, tenant, request_no, token.clone(), charge, now).await?;
+            S::succeed_payment(&mut *c, tenant.clone(), request_no.clone(), token.clone(), charge, now).await?;
+            if refunded > 0 {
+                S::add_refunded(&mut *c, tenant, request_no, refunded, now).await?;
+            }
             S::complete_token(&mut *c, token, 201, body, now).await?;
             Ok(())
         })
@@ -235,7 +245,7 @@ async fn keep_charge<S: PaymentStore>(
         "the channel did not refund the charge: it is kept, the order paid and the payment succeeded; refund it \
          as a merchant refund if the money must go back",
     )
-    .with_details(serde_json::json!({ "charge_id": charge_id, "refund": why }));
+    .with_details(serde_json::json!({ "charge_id": charge_id, "refund": why, "refunded": refunded }));
     let output = serde_json::to_value(&response).map_err(|e| Interrupt::Engine(e.into()))?;
     Err(Interrupt::RolledForward { output, exception })
 }

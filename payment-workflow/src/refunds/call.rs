@@ -5,7 +5,7 @@
 use onceflow_engine::{Attempt, Previous, StepError};
 use serde::{Deserialize, Serialize};
 
-use crate::channel::{Channel, ChannelError, RefundRequest, RefundStatus};
+use crate::channel::{Channel, ChannelError, Refund, RefundRequest, RefundStatus};
 
 /// What the channel step ended with (a failed refund is an answer, not an error of the step).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -40,6 +40,16 @@ pub(super) async fn call_refund(
     outcome
 }
 
+/// What this refund's own answer (checked to match) says.
+fn settle(refund: Refund) -> Result<RefundOutcome, StepError> {
+    match refund.status {
+        RefundStatus::Succeeded => Ok(RefundOutcome::Refunded { refund_id: refund.refund_id }),
+        // Asked again until it settles (a notification or the statement may settle it sooner).
+        RefundStatus::Processing => Err(StepError::UnknownOutcome("the refund is processing".into())),
+        RefundStatus::Failed => Ok(RefundOutcome::Failed { status: None, body: "failed".into() }),
+    }
+}
+
 async fn attempt_refund(
     channel: &dyn Channel,
     request: &RefundRequest,
@@ -53,21 +63,27 @@ async fn attempt_refund(
             tracing::warn!(merchant_refund_no = %no, ?refund, "the channel answered with another refund");
             Err(StepError::UnknownOutcome("the channel answered with another refund".into()))
         }
-        Ok(refund) => match refund.status {
-            RefundStatus::Succeeded => Ok(RefundOutcome::Refunded { refund_id: refund.refund_id }),
-            // Asked again until it settles (a notification or the statement may settle it sooner).
-            RefundStatus::Processing => Err(StepError::UnknownOutcome("the refund is processing".into())),
-            RefundStatus::Failed => Ok(RefundOutcome::Failed { status: None, body: "failed".into() }),
-        },
+        Ok(refund) => settle(refund),
         Err(ChannelError::Refused { status, body }) => {
-            // The channel answers a number it holds a refund under with that refund: a refusal says it holds
-            // none, even after an attempt whose outcome was unknown.
-            if attempt.previous == Previous::Unknown {
-                tracing::warn!(merchant_refund_no = %no, status, %body, "refused after an unknown outcome");
-            } else {
-                tracing::warn!(merchant_refund_no = %no, status, %body, "the channel refused the refund");
+            // A refusal speaks for this request, not for the number: a channel may check the charge's balance
+            // before the number (`409 exceeds_charge` to the repeat of a refund it made, whose answer was lost),
+            // or hold another refund under it (`409`). What it holds under the number is asked; only when it
+            // holds nothing was nothing refunded.
+            tracing::warn!(merchant_refund_no = %no, status, %body, previous = ?attempt.previous, "the channel refused the refund");
+            match channel.query_refund(&request.merchant_id, no).await {
+                Ok(None) => Ok(RefundOutcome::Failed { status: Some(status), body }),
+                Ok(Some(held)) if held.matches(request) => settle(held),
+                Ok(Some(held)) => {
+                    tracing::warn!(merchant_refund_no = %no, ?held, "the channel holds another refund under this number");
+                    Err(StepError::UnknownOutcome("the channel holds another refund under this number".into()))
+                }
+                // Not asked: as before queries, the refusal of a first request is final; after an attempt whose
+                // outcome is unknown, it says nothing of that attempt's request.
+                Err(ChannelError::Refused { .. }) if attempt.previous == Previous::None => {
+                    Ok(RefundOutcome::Failed { status: Some(status), body })
+                }
+                Err(e) => Err(StepError::UnknownOutcome(format!("refused ({status}); asked what it holds: {e}"))),
             }
-            Ok(RefundOutcome::Failed { status: Some(status), body })
         }
         Err(e) => Err(StepError::UnknownOutcome(e.to_string())),
     }

@@ -100,6 +100,16 @@ pub trait RefundStore: Store {
     /// with it in the same transaction, so a reservation is released or moved exactly once.
     fn end_refund<'c>(conn: &'c mut Conn<Self>, input: RefundInput, end: RefundEnd, now: i64) -> Sql<'c, bool>;
 
+    /// Adds `amount` to what the tenant's payment `request_no` has refunded: the part of its charge a cancelled
+    /// payment's compensation refund gave back before the rest was kept (the payment rolled forward).
+    fn add_refunded<'c>(
+        conn: &'c mut Conn<Self>,
+        tenant: String,
+        request_no: RequestNo,
+        amount: i64,
+        now: i64,
+    ) -> Sql<'c, ()>;
+
     /// What is left to refund of the tenant's payment `request_no` now: its amount less every succeeded or
     /// in-flight refund of it (0 for a payment it does not have).
     fn refundable<'c>(conn: &'c mut Conn<Self>, tenant: String, request_no: RequestNo) -> Sql<'c, i64>;

@@ -101,6 +101,28 @@ where
         })
     }
 
+    fn add_refunded<'c>(
+        conn: &'c mut Conn<Self>,
+        tenant: String,
+        request_no: RequestNo,
+        amount: i64,
+        now: i64,
+    ) -> Sql<'c, ()> {
+        Box::pin(async move {
+            sqlx::query(
+                "UPDATE payments SET refunded_amount = refunded_amount + $1, updated_at = $2 \
+                 WHERE tenant = $3 AND request_no = $4",
+            )
+            .bind(amount)
+            .bind(now)
+            .bind(tenant)
+            .bind(request_no.to_string())
+            .execute(&mut *conn)
+            .await?;
+            Ok(())
+        })
+    }
+
     fn refundable<'c>(conn: &'c mut Conn<Self>, tenant: String, request_no: RequestNo) -> Sql<'c, i64> {
         Box::pin(async move {
             let left: Option<(i64,)> = sqlx::query_as(

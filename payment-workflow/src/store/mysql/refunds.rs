@@ -82,6 +82,28 @@ impl RefundStore for MySqlStore {
         Box::pin(async move { Ok(end(conn, input, end_as, now).await?) })
     }
 
+    fn add_refunded<'c>(
+        conn: &'c mut Conn<Self>,
+        tenant: String,
+        request_no: RequestNo,
+        amount: i64,
+        now: i64,
+    ) -> Sql<'c, ()> {
+        Box::pin(async move {
+            sqlx::query(
+                "UPDATE payments SET refunded_amount = refunded_amount + ?, updated_at = ? \
+                 WHERE tenant = ? AND request_no = ?",
+            )
+            .bind(amount)
+            .bind(now)
+            .bind(tenant)
+            .bind(request_no)
+            .execute(&mut *conn)
+            .await?;
+            Ok(())
+        })
+    }
+
     fn refundable<'c>(conn: &'c mut Conn<Self>, tenant: String, request_no: RequestNo) -> Sql<'c, i64> {
         Box::pin(async move {
             let left: Option<i64> = sqlx::query_scalar(
