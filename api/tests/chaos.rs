@@ -137,7 +137,11 @@ async fn cancel_soon(fleet: &Fleet, client: &reqwest::Client, tally: &Tally, wor
     tokio::time::sleep(Duration::from_millis(20 + job * 37 % 300)).await;
     for attempt in 0..20u64 {
         let base = fleet.base((job + attempt) as usize);
-        let sent = client.post(format!("{base}/v1/workflows/{workflow_id}/cancel")).send().await;
+        let sent = client
+            .post(format!("{base}/v1/workflows/{workflow_id}/cancel"))
+            .header("content-type", "application/json")
+            .send()
+            .await;
         match sent.map(|r| r.status().as_u16()) {
             Ok(200) => {
                 tally.cancels.fetch_add(1, Ordering::Relaxed);
@@ -164,7 +168,11 @@ async fn ask_the_channel(fleet: &Fleet, client: &reqwest::Client, stop: &AtomicB
         let Ok(page) = page.json::<serde_json::Value>().await else { continue };
         for w in page["workflows"].as_array().into_iter().flatten() {
             let id = w["workflow_id"].as_str().unwrap_or_default();
-            let _ = client.post(format!("{base}/v1/workflows/{id}/query-channel")).send().await;
+            let _ = client
+                .post(format!("{base}/v1/workflows/{id}/query-channel"))
+                .header("content-type", "application/json")
+                .send()
+                .await;
         }
     }
 }

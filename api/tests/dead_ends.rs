@@ -344,7 +344,7 @@ async fn a_cancel_meeting_a_processing_charge(url: &str) {
 }
 
 /// A payment whose charge is `processing` (no cancel): an operator asks the channel once it has settled, and the
-/// payment completes — the same endpoint, with no body at all.
+/// payment completes — the same endpoint, with no body at all (but its JSON content type).
 async fn a_processing_charge_asked_again(url: &str) {
     let channel = TestChannel::serve(Duration::ZERO, false).await;
     channel.set_charge_mode(ChargeMode::Processing);
@@ -356,7 +356,8 @@ async fn a_processing_charge_asked_again(url: &str) {
     let workflow_id = workflow_of(&token);
     channel.settle_charges("succeeded");
     let path = format!("/v1/workflows/{workflow_id}/query-channel");
-    let asked = operator.send(Method::POST, &path, &[], None).await;
+    // No body at all (an action is still asked for as JSON: see contracts/http-api.md, Operations).
+    let asked = operator.send(Method::POST, &path, &[("content-type", "application/json")], None).await;
     assert_eq!(asked.status, 200, "{}", asked.text);
     let view = final_view(&operator, &workflow_id, Duration::from_secs(10)).await;
     assert_eq!(view["workflow"]["state"], "completed", "{view}");

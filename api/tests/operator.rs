@@ -46,6 +46,9 @@ on_every_backend!(
     operator_actions_are_on_the_record_and_outlive_the_history,
     search_finds_a_payment_by_every_number_it_has,
     unresolved_payments_are_listed_with_their_age,
+    control_characters_are_a_clients_mistake,
+    every_kind_of_action_is_on_the_record,
+    a_redelivery_is_on_the_record,
 );
 
 const ACME: &str = "acme-secret-key";
@@ -93,6 +96,18 @@ async fn settled(app: &App, workflow_id: &str) -> Value {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     panic!("{workflow_id} did not settle");
+}
+
+/// Reads the workflow until it waits on a call to the channel (at most 10 s).
+async fn in_flight(app: &App, workflow_id: &str) {
+    for _ in 0..100 {
+        let view = app.get(&format!("/v1/workflows/{workflow_id}")).await.json();
+        if view["waiting_for"].is_object() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("{workflow_id} never waited on the channel");
 }
 
 fn step_keys(view: &Value) -> Vec<String> {
@@ -165,7 +180,13 @@ async fn operator_actions_are_on_the_record_and_outlive_the_history(url: String)
     let long = "x".repeat(501);
     operator.post(&path, json!({"reason": long})).await.assert_problem(400, "invalid_request");
     operator.post(&path, json!({"why": "typo"})).await.assert_problem(400, "invalid_request");
+    // An action is asked for in JSON, even without a body (no page of another site can send that unasked).
     let text = operator.send(reqwest::Method::POST, &path, &[("content-type", "text/plain")], None).await;
+    text.assert_problem(415, "unsupported_media_type");
+    let bare = operator.send(reqwest::Method::POST, &path, &[], None).await;
+    bare.assert_problem(415, "unsupported_media_type");
+    let json_ct = [("content-type", "application/json")];
+    let text = operator.send(reqwest::Method::POST, &path, &json_ct, None).await;
     assert_eq!(text.status, 200, "no body at all is no reason: {}", text.text);
     // That cancel went through with no reason; the next one is refused by the engine, and recorded as such.
     let again = operator.post(&path, json!({"reason": "customer called: \"cancel it\" <b>now</b>"})).await;
@@ -181,8 +202,17 @@ async fn operator_actions_are_on_the_record_and_outlive_the_history(url: String)
     assert_eq!(audit[1]["reason"], "customer called: \"cancel it\" <b>now</b>");
     assert!(audit[1]["result"].as_str().unwrap().starts_with("invalid_state"), "{audit:?}");
     assert_eq!(audit[1]["tenant"], "acme");
-    // The tenant sees its own workflow's entries; another tenant none of them.
-    assert_eq!(acme.get(&format!("/v1/audit?workflow_id={workflow_id}")).await.json()["audit"], json!(audit));
+    // The tenant sees its own workflow's entries, but not who acted nor why (operators' words, not the
+    // tenant's); another tenant none of them.
+    let seen = acme.get(&format!("/v1/audit?workflow_id={workflow_id}")).await.json()["audit"].clone();
+    let mut unnamed = audit.clone();
+    for entry in &mut unnamed {
+        let entry = entry.as_object_mut().unwrap();
+        entry.remove("actor");
+        entry.remove("reason");
+    }
+    assert_eq!(seen, json!(unnamed));
+    assert_eq!(acme.get(&format!("/v1/workflows/{workflow_id}")).await.json()["audit"], json!(unnamed));
     assert_eq!(globex.get(&format!("/v1/audit?workflow_id={workflow_id}")).await.json()["audit"], json!([]));
     assert_eq!(globex.get("/v1/audit").await.json()["audit"], json!([]));
     // Retention deletes the workflow's history; the record of what operators did to it stays.
@@ -289,4 +319,159 @@ async fn unresolved_payments_are_listed_with_their_age(url: String) {
     // Once the channel answers, it is resolved.
     settled(&operator, &workflow_id).await;
     assert_eq!(operator.get("/v1/unresolved").await.json()["count"], 0);
+}
+
+/// A NUL or another control character in what a client sends to the operations routes is its mistake (`400`),
+/// whatever the database would make of it.
+async fn control_characters_are_a_clients_mistake(url: String) {
+    let (app, _channel) = app_over_channel(&url, Duration::from_secs(2)).await;
+    let (acme, operator) = (as_key(&app, ACME), as_key(&app, OPERATOR));
+    let workflow_id = start_payment(&acme, "O-1").await;
+    for path in [
+        "/v1/search?q=%00",
+        "/v1/search?q=O-1%00",
+        "/v1/search?q=O%01-1",
+        "/v1/search?q=O-1&tenant=ac%00me",
+        "/v1/audit?workflow_id=pay%3A%00",
+        "/v1/audit?tenant=%00",
+        "/v1/unresolved?tenant=%00",
+        "/v1/workflows?tenant=%00",
+        "/v1/workflows?name=pay%00ment",
+    ] {
+        operator.get(path).await.assert_problem(400, "invalid_request");
+    }
+    acme.get("/v1/search?q=%00").await.assert_problem(400, "invalid_request");
+    let path = format!("/v1/workflows/{workflow_id}/cancel");
+    for reason in ["nul\u{0}byte", "bell\u{7}", "escape\u{1b}[31m", "c1\u{85}"] {
+        operator.post(&path, json!({"reason": reason})).await.assert_problem(400, "invalid_request");
+    }
+    let audit = operator.get(&format!("/v1/audit?workflow_id={workflow_id}")).await.json();
+    assert_eq!(audit["audit"], json!([]), "nothing refused is recorded: {audit}");
+    // A line break is a reason's own.
+    let cancelled = operator.post(&path, json!({"reason": "line one\nline two"})).await;
+    assert_eq!(cancelled.status, 200, "{}", cancelled.text);
+}
+
+/// Retry, cancel, query-channel and redeliver are each recorded with who, why and what came of it.
+async fn every_kind_of_action_is_on_the_record(url: String) {
+    let (app, channel) = app_over_channel(&url, Duration::from_secs(3)).await;
+    let (acme, operator) = (as_key(&app, ACME), as_key(&app, OPERATOR));
+    let workflow_id = start_payment(&acme, "O-1").await;
+    in_flight(&operator, &workflow_id).await;
+    let asked = operator
+        .post(&format!("/v1/workflows/{workflow_id}/query-channel"), json!({"reason": "customer is waiting"}))
+        .await;
+    assert_eq!(asked.status, 200, "{}", asked.text);
+    let view = settled(&operator, &workflow_id).await;
+    assert_eq!(view["workflow"]["state"], "completed", "{view:#}");
+    let audit = view["audit"].as_array().unwrap().clone();
+    assert_eq!(audit.len(), 1, "{view:#}");
+    assert_eq!(audit[0]["action"], "query_channel");
+    assert_eq!(audit[0]["actor"], "ops");
+    assert_eq!(audit[0]["reason"], "customer is waiting");
+    assert_eq!(audit[0]["status"], 200, "{audit:?}");
+    assert_eq!(audit[0]["tenant"], "acme");
+
+    drop(channel);
+}
+
+/// An action whose client goes away before the answer is still taken to its end, and its audit entry completed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_action_whose_client_left_is_still_recorded() {
+    let url = database("sqlite").await.unwrap();
+    // The channel holds the charge: query-channel waits its 2 s for the workflow, which does not end.
+    let (app, _channel) = app_over_channel(&url, Duration::from_secs(20)).await;
+    let (acme, operator) = (as_key(&app, ACME), as_key(&app, OPERATOR));
+    let workflow_id = start_payment(&acme, "O-1").await;
+    in_flight(&operator, &workflow_id).await;
+    let impatient = reqwest::Client::builder().timeout(Duration::from_millis(300)).build().unwrap();
+    let left = impatient
+        .post(format!("{}/v1/workflows/{workflow_id}/query-channel", app.base))
+        .bearer_auth(OPERATOR)
+        .json(&json!({"reason": "left early"}))
+        .send()
+        .await;
+    assert!(left.is_err(), "the client gave up before the answer: {left:?}");
+    let mut audit = Value::Null;
+    for _ in 0..60 {
+        audit = operator.get(&format!("/v1/audit?workflow_id={workflow_id}")).await.json();
+        if audit["audit"][0]["status"].is_number() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(audit["audit"][0]["action"], "query_channel", "{audit}");
+    assert_eq!(audit["audit"][0]["status"], 200, "completed although its client left: {audit}");
+}
+
+/// Without keys, an operator action is taken only when asked for in JSON by this server's own page (or a client
+/// that is no browser): another site's page can reach a loopback service, but not act through it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_zero_configuration_actions_refuse_other_sites() {
+    let url = database("sqlite").await.unwrap();
+    let channel = TestChannel::serve(Duration::from_secs(5), false).await;
+    let client = HttpChannel::new(&channel.url, Duration::from_secs(10)).unwrap();
+    let app = start(&url, Arc::new(client), Auth::SingleTenant).await;
+    let workflow_id = start_payment(&app, "O-1").await;
+    let json_ct = ("content-type", "application/json");
+    let paths = [
+        format!("/v1/workflows/{workflow_id}/cancel"),
+        format!("/v1/workflows/{workflow_id}/retry"),
+        format!("/v1/workflows/{workflow_id}/query-channel"),
+        "/v1/events/evt_00000000000000000000000000/redeliver".to_owned(),
+    ];
+    for path in &paths {
+        // What a form or a no-cors fetch can send: no JSON type.
+        for headers in
+            [vec![], vec![("content-type", "text/plain")], vec![("content-type", "application/x-www-form-urlencoded")]]
+        {
+            let answer = app.send(reqwest::Method::POST, path, &headers, None).await;
+            answer.assert_problem(415, "unsupported_media_type");
+        }
+        for other in [
+            vec![json_ct, ("sec-fetch-site", "cross-site")],
+            vec![json_ct, ("sec-fetch-site", "same-site")],
+            vec![json_ct, ("origin", "https://evil.example")],
+            vec![json_ct, ("origin", "http://127.0.0.1:1")],
+            vec![json_ct, ("origin", "null")],
+        ] {
+            let answer = app.send(reqwest::Method::POST, path, &other, Some(json!({"reason": "csrf"}))).await;
+            answer.assert_problem(403, "forbidden");
+        }
+    }
+    let audit = app.get("/v1/audit").await.json();
+    assert_eq!(audit["audit"], json!([]), "nothing refused is recorded: {audit}");
+    // The console's own request: same origin.
+    let origin = app.base.clone();
+    let own = [json_ct, ("origin", origin.as_str()), ("sec-fetch-site", "same-origin")];
+    let cancelled = app.send(reqwest::Method::POST, &paths[0], &own, Some(json!({"reason": "mine"}))).await;
+    assert_eq!(cancelled.status, 200, "{}", cancelled.text);
+}
+
+/// An event sent again is recorded with the event it names and whose it is: an operator's with its reason, a
+/// tenant's own as the tenant's.
+async fn a_redelivery_is_on_the_record(url: String) {
+    let hooked = common::webhooks::start(&url, keys(), common::webhooks::local(&[1])).await;
+    let (acme, operator) = (hooked.as_key(ACME), hooked.as_key(OPERATOR));
+    let event = common::webhooks::event("acme", "R-1");
+    let event_id = event.id();
+    hooked.write(event).await;
+    let again =
+        operator.post(&format!("/v1/events/{event_id}/redeliver"), json!({"reason": "endpoint was down"})).await;
+    assert_eq!(again.status, 202, "{}", again.text);
+    let newest = operator.get("/v1/audit?limit=1").await.json();
+    let entry = &newest["audit"][0];
+    assert_eq!(entry["action"], "redeliver", "{newest}");
+    assert_eq!(entry["subject"], event_id.as_str());
+    assert_eq!(entry["reason"], "endpoint was down");
+    assert_eq!(entry["status"], 202, "{newest}");
+    assert_eq!(entry["tenant"], "acme");
+    let own = acme.post(&format!("/v1/events/{event_id}/redeliver"), json!({})).await;
+    assert_eq!(own.status, 202, "{}", own.text);
+    let newest = operator.get("/v1/audit?limit=1").await.json();
+    assert_eq!(newest["audit"][0]["actor"], "tenant:acme", "{newest}");
+    // Another tenant's event is not found, and nothing is recorded of it.
+    let globex = hooked.as_key(GLOBEX);
+    globex.post(&format!("/v1/events/{event_id}/redeliver"), json!({})).await.assert_problem(404, "event_not_found");
+    assert_eq!(operator.get("/v1/audit").await.json()["audit"].as_array().unwrap().len(), 2);
 }

@@ -3,10 +3,9 @@
 //! every tenant's, or one with `?tenant=`.
 
 use axum::Json;
-use axum::body::Bytes;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
@@ -14,6 +13,7 @@ use onceflow_payments::PaymentStore;
 use onceflow_payments::events::{Delivery, DeliveryState, Event, EventType, Position, rfc3339};
 
 use crate::error::ApiError;
+use crate::routes::audit::{self, ActionJson, Subject, audited};
 use crate::state::{AppState, Caller};
 
 /// An event: what every delivery posts, and what the log lists.
@@ -121,6 +121,9 @@ pub struct EventDetail {
 pub struct Redeliver {
     /// The endpoint (`we_…`); absent: every enabled endpoint subscribed to the event's type.
     pub endpoint: Option<String>,
+    /// Why (at most 500 characters): kept in the audit log with the redelivery.
+    #[schema(max_length = 500)]
+    pub reason: Option<String>,
 }
 
 /// A delivery a redelivery made.
@@ -244,32 +247,34 @@ pub async fn get_event<S: PaymentStore>(
 /// endpoint subscribed to its type.
 #[utoipa::path(post, path = "/v1/events/{event_id}/redeliver", tag = "events",
     params(("event_id" = String, Path, description = "The event (evt_…)", pattern = r"^evt_[0-9A-HJKMNP-TV-Z]{26}$")),
-    request_body(content = Redeliver, description = "Optional: one endpoint", content_type = "application/json"),
+    request_body(content = Redeliver, description = "Optional: one endpoint, and why (kept in the audit log)", content_type = "application/json"),
     responses(
         (status = 202, description = "Deliveries made, due now", body = Redelivered),
+        (status = 400, description = "invalid_request: a body that is not a Redeliver, a reason too long or with control characters", body = crate::error::Problem),
+        (status = 403, description = "forbidden: a browser's request for another site's page", body = crate::error::Problem),
         (status = 404, description = "event_not_found, endpoint_not_found", body = crate::error::Problem),
         (status = 409, description = "endpoint_disabled", body = crate::error::Problem),
+        (status = 415, description = "unsupported_media_type: not asked for as application/json (even without a body)", body = crate::error::Problem),
     ))]
 pub async fn redeliver<S: PaymentStore>(
     State(state): State<AppState<S>>,
     caller: Caller,
     Path(id): Path<String>,
-    headers: HeaderMap,
-    body: Bytes,
+    ActionJson(asked): ActionJson<Redeliver>,
 ) -> Result<(StatusCode, Json<Redelivered>), ApiError> {
-    let asked: Redeliver = if body.is_empty() {
-        Redeliver::default()
-    } else {
-        let json = headers
-            .get(header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| v.split(';').next().is_some_and(|m| m.trim().eq_ignore_ascii_case("application/json")));
-        if !json {
-            return Err(crate::extract::unsupported_media_type());
-        }
-        serde_json::from_slice(&body).map_err(|e| ApiError::invalid(format!("invalid body: {e}")))?
+    let reason = audit::reason(asked.reason)?;
+    // What the entry names: the event, whose it is, and the workflow of the payment it tells of. An event the
+    // caller may not see is not found, and not recorded.
+    let (event, _) = state.payments.events().event(caller.tenant_scope(), &id).await?;
+    let workflow_id = event.data().get("workflow_id").and_then(|w| w.as_str()).map(str::to_owned);
+    let subject = Subject { workflow_id, other: Some(event.id.clone()), tenant: Some(event.tenant.clone()) };
+    let (payments, scope, endpoint) =
+        (state.payments.clone(), caller.tenant_scope().map(str::to_owned), asked.endpoint);
+    let act = async move {
+        let made = payments.events().redeliver(scope.as_deref(), &id, endpoint.as_deref()).await?;
+        Ok(made.into_iter().map(|d| Redelivery { id: d.id, endpoint: d.endpoint_id }).collect::<Vec<_>>())
     };
-    let made = state.payments.events().redeliver(caller.tenant_scope(), &id, asked.endpoint.as_deref()).await?;
-    let deliveries = made.into_iter().map(|d| Redelivery { id: d.id, endpoint: d.endpoint_id }).collect();
+    let said = |made: &Vec<Redelivery>| format!("{} deliveries made", made.len());
+    let deliveries = audited(&state, &caller, "redeliver", subject, reason, act, 202, said).await?;
     Ok((StatusCode::ACCEPTED, Json(Redelivered { deliveries })))
 }

@@ -2,7 +2,6 @@
 //! document.
 
 use axum::Json;
-use axum::body::Bytes;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
@@ -17,6 +16,7 @@ use onceflow_payments::PaymentStore;
 
 use crate::error::ApiError;
 use crate::routes::audit::{Reason, Subject, audited};
+use crate::routes::text::plain_opt;
 use crate::routes::views::{WorkflowBody, WorkflowDetail, WorkflowPage};
 use crate::state::{AppState, Caller, may_scrape};
 
@@ -140,7 +140,7 @@ async fn action_on<S: PaymentStore>(state: &AppState<S>, id: &str) -> Result<Sub
 #[utoipa::path(get, path = "/v1/workflows", tag = "operations", params(ListQuery),
     responses(
         (status = 200, description = "A page of workflows, newest first", body = WorkflowPage),
-        (status = 400, description = "invalid_request: an unknown state, a limit out of range, a cursor this server did not give", body = crate::error::Problem),
+        (status = 400, description = "invalid_request: an unknown state, a limit out of range, a cursor this server did not give, a control character in tenant or name", body = crate::error::Problem),
     ))]
 pub async fn list_workflows<S: PaymentStore>(
     State(state): State<AppState<S>>,
@@ -162,8 +162,9 @@ pub async fn list_workflows<S: PaymentStore>(
         (None, Some(before)) => Some(Cursor::before_time(before)),
         (None, None) => None,
     };
-    let tenant = caller.tenant_scope().or(q.tenant.as_deref());
-    let filter = WorkflowFilter { tenant, state: wanted, after: after.as_ref(), name: q.name.as_deref() };
+    let tenant = caller.tenant_scope().or(plain_opt("tenant", q.tenant.as_deref())?);
+    let name = plain_opt("name", q.name.as_deref())?;
+    let filter = WorkflowFilter { tenant, state: wanted, after: after.as_ref(), name };
     // One row more than the page says whether another page follows, so that no empty page carries a cursor.
     let mut page = state.payments.engine().list(filter, limit + 1).await?;
     let more = page.len() as i64 > limit;
@@ -181,7 +182,9 @@ pub async fn list_workflows<S: PaymentStore>(
     request_body(content = Option<crate::routes::audit::ActionBody>, description = "Optional: why (kept in the audit log)"),
     responses(
         (status = 200, description = "Reopened", body = WorkflowBody),
-        (status = 403, description = "forbidden: a tenant key (retry is for operators)", body = crate::error::Problem),
+        (status = 403, description = "forbidden: a tenant key (retry is for operators), or a browser's request for another site's page", body = crate::error::Problem),
+        (status = 400, description = "invalid_request: a body that is not {\"reason\"}, a reason too long or with control characters", body = crate::error::Problem),
+        (status = 415, description = "unsupported_media_type: not asked for as application/json (even without a body)", body = crate::error::Problem),
         (status = 404, description = "workflow_not_found", body = crate::error::Problem),
         (status = 409, description = "invalid_state", body = crate::error::Problem),
     ))]
@@ -193,8 +196,9 @@ pub async fn retry_workflow<S: PaymentStore>(
 ) -> Result<Json<WorkflowBody>, ApiError> {
     must_operate(&caller)?;
     let subject = action_on(&state, &id).await?;
-    let act = async { Ok(state.payments.engine().retry(&id).await?) };
-    let done = audited(&state, &caller, "retry", subject, reason, act, |w| format!("now {}", w.state)).await?;
+    let engine = state.payments.engine().clone();
+    let act = async move { Ok(engine.retry(&id).await?) };
+    let done = audited(&state, &caller, "retry", subject, reason, act, 200, |w| format!("now {}", w.state)).await?;
     Ok(Json(done.into()))
 }
 
@@ -204,7 +208,9 @@ pub async fn retry_workflow<S: PaymentStore>(
     request_body(content = Option<crate::routes::audit::ActionBody>, description = "Optional: why (kept in the audit log)"),
     responses(
         (status = 200, description = "Cancelling", body = WorkflowBody),
-        (status = 403, description = "forbidden: a tenant key (cancel is for operators)", body = crate::error::Problem),
+        (status = 403, description = "forbidden: a tenant key (cancel is for operators), or a browser's request for another site's page", body = crate::error::Problem),
+        (status = 400, description = "invalid_request: a body that is not {\"reason\"}, a reason too long or with control characters", body = crate::error::Problem),
+        (status = 415, description = "unsupported_media_type: not asked for as application/json (even without a body)", body = crate::error::Problem),
         (status = 404, description = "workflow_not_found", body = crate::error::Problem),
         (status = 409, description = "invalid_state", body = crate::error::Problem),
     ))]
@@ -216,24 +222,15 @@ pub async fn cancel_workflow<S: PaymentStore>(
 ) -> Result<Json<WorkflowBody>, ApiError> {
     must_operate(&caller)?;
     let subject = action_on(&state, &id).await?;
-    let act = async { Ok(state.payments.engine().cancel(&id).await?) };
-    let done = audited(&state, &caller, "cancel", subject, reason, act, |w| format!("now {}", w.state)).await?;
+    let engine = state.payments.engine().clone();
+    let act = async move { Ok(engine.cancel(&id).await?) };
+    let done = audited(&state, &caller, "cancel", subject, reason, act, 200, |w| format!("now {}", w.state)).await?;
     Ok(Json(done.into()))
 }
 
 /// How long `query-channel` waits for the workflow to end after waking it, so that a channel that has settled
 /// is seen settled in the answer.
 const QUERY_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
-
-/// The optional body of an operator's action (`{"reason": "..."}`).
-#[derive(Debug, Default, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct OperatorActionBody {
-    /// Why the operator acts (at most 500 characters): logged with the action.
-    #[serde(default)]
-    #[schema(max_length = 500)]
-    pub reason: Option<String>,
-}
 
 /// The answer of `query-channel`: what the wake did, and the workflow as it is after it.
 #[derive(Debug, Serialize, ToSchema)]
@@ -249,37 +246,17 @@ pub struct QueryChannelBody {
     pub workflow: WorkflowDetail,
 }
 
-/// An operator action's body: none (or `null`), or `{"reason": "..."}` as JSON.
-fn action_body(headers: &HeaderMap, body: &Bytes) -> Result<OperatorActionBody, ApiError> {
-    if body.is_empty() {
-        return Ok(OperatorActionBody::default());
-    }
-    let json = headers.get(axum::http::header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(|v| {
-        let v = v.split(';').next().unwrap_or_default().trim().to_ascii_lowercase();
-        v == "application/json" || (v.starts_with("application/") && v.ends_with("+json"))
-    });
-    if !json {
-        return Err(crate::extract::unsupported_media_type());
-    }
-    // `null` is no body, as the document's optional body says.
-    let action: Option<OperatorActionBody> =
-        serde_json::from_slice(body).map_err(|e| ApiError::invalid(format!("invalid body: {e}")))?;
-    let action = action.unwrap_or_default();
-    if action.reason.as_ref().is_some_and(|r| r.chars().count() > 500) {
-        return Err(ApiError::invalid("reason is at most 500 characters"));
-    }
-    Ok(action)
-}
-
 /// Asks the channel now about what the workflow waits for — a payment's charge whose outcome is unknown or
 /// `processing`, a compensation's close and refund — and settles it from the answer: the workflow's next attempt
 /// is made at once (`Engine::wake`) rather than at its `next_attempt_at`. Operators only.
 #[utoipa::path(post, path = "/v1/workflows/{workflow_id}/query-channel", tag = "operations",
     params(("workflow_id" = String, Path, description = "The workflow")),
-    request_body(content = Option<OperatorActionBody>, description = "Optional: why (logged)"),
+    request_body(content = Option<crate::routes::audit::ActionBody>, description = "Optional: why (kept in the audit log)"),
     responses(
         (status = 200, description = "Woken; the workflow a moment later", body = QueryChannelBody),
-        (status = 403, description = "forbidden: a tenant key (query-channel is for operators)", body = crate::error::Problem),
+        (status = 403, description = "forbidden: a tenant key (query-channel is for operators), or a browser's request for another site's page", body = crate::error::Problem),
+        (status = 400, description = "invalid_request: a body that is not {\"reason\"}, a reason too long or with control characters", body = crate::error::Problem),
+        (status = 415, description = "unsupported_media_type: not asked for as application/json (even without a body)", body = crate::error::Problem),
         (status = 404, description = "workflow_not_found", body = crate::error::Problem),
         (status = 409, description = "invalid_state: the workflow waits on no call (it ended, or is between steps)", body = crate::error::Problem),
     ))]
@@ -287,11 +264,9 @@ pub async fn query_channel<S: PaymentStore>(
     State(state): State<AppState<S>>,
     caller: Caller,
     Path(id): Path<String>,
-    headers: HeaderMap,
-    body: Bytes,
+    Reason(reason): Reason,
 ) -> Result<Json<QueryChannelBody>, ApiError> {
     must_operate(&caller)?;
-    let action = action_body(&headers, &body)?;
     let view = visible_view(&state, &caller, &id).await?;
     if view.waiting_for().is_none() {
         return Err(ApiError::new(
@@ -301,17 +276,29 @@ pub async fn query_channel<S: PaymentStore>(
             format!("the workflow is {}: it waits on no call to ask about", view.workflow.state),
         ));
     }
-    let engine = state.payments.engine();
-    let woken = engine.wake(&id).await?;
-    let who = match &caller {
-        Caller::Operator(name) => name.as_str(),
-        _ => "local",
+    let subject = action_on(&state, &id).await?;
+    let (engine, seen_by, shown) = (state.payments.engine().clone(), caller.clone(), reason.clone());
+    let act = async move {
+        let woken = engine.wake(&id).await?;
+        engine.wait(&id, QUERY_WAIT).await?;
+        let view = engine
+            .workflow_if(&id, |w| visible(&seen_by, w))
+            .await?
+            .ok_or_else(|| ApiError::not_found("workflow_not_found", format!("no workflow {id}")))?;
+        Ok(QueryChannelBody { reason: shown, woken, workflow: view.into() })
     };
-    tracing::info!(workflow_id = %id, operator = who, reason = action.reason.as_deref().unwrap_or(""), ?woken,
-        "query-channel: the workflow asks the channel now");
-    engine.wait(&id, QUERY_WAIT).await?;
-    let workflow = visible_view(&state, &caller, &id).await?.into();
-    Ok(Json(QueryChannelBody { reason: action.reason, woken, workflow }))
+    let said = |b: &QueryChannelBody| format!("woken ({}); now {}", woken_word(b.woken), b.workflow.workflow.state);
+    let done = audited(&state, &caller, "query_channel", subject, reason, act, 200, said).await?;
+    Ok(Json(done))
+}
+
+/// What a wake did, in the words of `woken`.
+fn woken_word(woken: Woken) -> &'static str {
+    match woken {
+        Woken::Running => "running",
+        Woken::Claimed => "claimed",
+        Woken::HeldElsewhere => "held_elsewhere",
+    }
 }
 
 /// The process is up.

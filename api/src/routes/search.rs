@@ -16,6 +16,7 @@ use utoipa::{IntoParams, ToSchema};
 
 use crate::error::ApiError;
 use crate::routes::orders::{OrderBody, rfc3339};
+use crate::routes::text::{plain, plain_opt};
 use crate::state::{AppState, Caller, DEFAULT_TENANT};
 
 /// Most matches one search returns.
@@ -69,7 +70,7 @@ pub struct SearchResult {
 #[utoipa::path(get, path = "/v1/search", tag = "operations", params(SearchQuery),
     responses(
         (status = 200, description = "What the query names (none: an empty list)", body = SearchResult),
-        (status = 400, description = "invalid_request: q missing, empty or longer than 256 characters", body = crate::error::Problem),
+        (status = 400, description = "invalid_request: q missing, empty, longer than 256 characters, or with a control character", body = crate::error::Problem),
     ))]
 pub async fn search<S: PaymentStore>(
     State(state): State<AppState<S>>,
@@ -82,7 +83,8 @@ pub async fn search<S: PaymentStore>(
     if q.is_empty() || q.chars().count() > 256 {
         return Err(ApiError::invalid("q must be 1-256 characters"));
     }
-    let wanted = query.tenant;
+    plain("q", q)?;
+    let wanted = plain_opt("tenant", query.tenant.as_deref())?.map(str::to_owned);
     let tenants = match (&caller, &wanted) {
         (Caller::Tenant(own), _) => vec![own.clone()],
         (Caller::Local, _) => vec![DEFAULT_TENANT.to_owned()],
