@@ -11,7 +11,7 @@ export function confirmAction(action, done) {
   const answer = h('div', { id: 'answer', role: 'status' });
   const close = () => { dialog.close(); done(); };
   const go = h('button', { class: action.danger ? 'danger' : 'primary', type: 'button', id: 'confirm-action' }, action.verb);
-  const cancel = h('button', { type: 'button', on: { click: () => dialog.close() } }, 'Keep it as it is');
+  const cancel = h('button', { type: 'button', id: 'keep', on: { click: () => dialog.close() } }, 'Keep it as it is');
   go.addEventListener('click', async () => {
     go.disabled = true;
     cancel.disabled = true;

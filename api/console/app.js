@@ -24,7 +24,9 @@ function parse() {
   return { page: parts[0] ?? '', parts: parts.slice(1), params: new URLSearchParams(query) };
 }
 
-async function show() {
+/** Draws the page the address names. A refresh (`refreshing`) draws it aside and puts it in place once whole,
+ * keeping the scroll position and the open details: the page never blanks nor jumps while it is read. */
+async function show(refreshing = false) {
   const mine = ++generation;
   const where = parse();
   const page = PAGES[where.page] ?? attention;
@@ -32,23 +34,31 @@ async function show() {
     a.classList.toggle('current', a.dataset.page === (PAGES[where.page] ? where.page : ''));
   }
   const target = h('div');
-  main.replaceChildren(target);
+  if (!refreshing) main.replaceChildren(target);
   const ctx = {
     me,
     ...where,
     page: where.page,
     current: () => mine === generation,
-    refresh: () => show(),
+    refresh: () => show(true),
   };
   try {
     await page.render(target, ctx);
   } catch (e) {
     if (mine === generation) target.replaceChildren(notice(`This page could not be shown: ${e.message}`, true));
   }
+  if (refreshing && mine === generation) {
+    const y = window.scrollY;
+    const open = [...main.querySelectorAll('details')].map((d) => d.open);
+    main.replaceChildren(target);
+    [...main.querySelectorAll('details')].forEach((d, i) => { if (open[i]) d.open = true; });
+    window.scrollTo(0, y);
+  }
 }
 
 function signInForm(message) {
-  const key = h('input', { type: 'password', name: 'key', autocomplete: 'off', required: true, id: 'key' });
+  // A text field, not a password one: the browser is not to offer to keep the key (it is kept for this tab only).
+  const key = h('input', { type: 'text', name: 'key', autocomplete: 'off', autocapitalize: 'off', spellcheck: 'false', required: true, id: 'key', class: 'secret' });
   const form = h('form', { on: { submit: (e) => { e.preventDefault(); session.set(key.value.trim()); start(); } } },
     h('label', { for: 'key' }, 'API key (operator or tenant)', key),
     h('button', { class: 'primary', type: 'submit', id: 'sign-in' }, 'Sign in'));

@@ -16,10 +16,12 @@ use onceflow_payments::PaymentStore;
 use crate::error::ApiError;
 use crate::state::AppState;
 
-/// What a console page may load and do: its own scripts, styles and API, nothing inline, no frames, no plugins.
+/// What a console page may load and do: its own scripts, styles and API, nothing inline, no frames, no plugins;
+/// and no markup written from strings at all (Trusted Types required, no policy may be made), so that a sink
+/// like `innerHTML` throws rather than renders, whatever a future script does.
 pub const CONTENT_SECURITY_POLICY: &str = "default-src 'self'; script-src 'self'; style-src 'self'; \
     img-src 'self'; connect-src 'self'; font-src 'self'; object-src 'none'; base-uri 'none'; form-action 'none'; \
-    frame-ancestors 'none'";
+    frame-ancestors 'none'; require-trusted-types-for 'script'; trusted-types 'none'";
 
 /// The console's files, by their path under `/console/`.
 const FILES: &[(&str, &str, &str)] = &[
@@ -29,6 +31,7 @@ const FILES: &[(&str, &str, &str)] = &[
     ("api.js", "text/javascript; charset=utf-8", include_str!("../console/api.js")),
     ("dom.js", "text/javascript; charset=utf-8", include_str!("../console/dom.js")),
     ("actions.js", "text/javascript; charset=utf-8", include_str!("../console/actions.js")),
+    ("timeline.js", "text/javascript; charset=utf-8", include_str!("../console/timeline.js")),
     ("pages/attention.js", "text/javascript; charset=utf-8", include_str!("../console/pages/attention.js")),
     ("pages/find.js", "text/javascript; charset=utf-8", include_str!("../console/pages/find.js")),
     ("pages/payment.js", "text/javascript; charset=utf-8", include_str!("../console/pages/payment.js")),

@@ -36,9 +36,39 @@ struct Browser {
 }
 
 impl Drop for Browser {
+    /// Ends what this browser started, whether or not the test closed it: chromedriver's process group, and any
+    /// Chromium process of this browser's own profile (by its id) that left the group; then the profile.
     fn drop(&mut self) {
+        if let Some(pid) = self._driver.id() {
+            let _ = std::process::Command::new("kill").args(["-KILL", "--", &format!("-{pid}")]).status();
+        }
+        let profile = self._profile.display().to_string();
+        for _ in 0..50 {
+            let left = of_profile(&profile);
+            if left.is_empty() {
+                break;
+            }
+            for pid in left {
+                let _ = std::process::Command::new("kill").args(["-KILL", &pid.to_string()]).status();
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
         let _ = std::fs::remove_dir_all(&self._profile);
     }
+}
+
+/// The processes (not zombies) whose command line names the profile directory `profile`: this browser's own.
+fn of_profile(profile: &str) -> Vec<u32> {
+    let flag = format!("--user-data-dir={profile}");
+    let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
+    dir.filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let zombie = stat.rsplit_once(')').is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'));
+            !zombie && cmdline.split(|b| *b == 0).any(|arg| arg == flag.as_bytes())
+        })
+        .collect()
 }
 
 fn free_port() -> u16 {
@@ -53,6 +83,8 @@ async fn browser() -> Browser {
         .arg(format!("--port={port}"))
         .stdout(Stdio::null())
         .stderr(Stdio::null())
+        // A group of its own, with the Chromium it starts: ended as one when the browser is dropped.
+        .process_group(0)
         .kill_on_drop(true)
         .spawn()
         .expect("chromedriver");
@@ -203,6 +235,75 @@ macro_rules! on_every_backend {
 
 on_every_backend!(an_operator_finds_reads_and_cancels_a_payment);
 
+/// The key is typed into a plain text field (a password field would have the browser offer to keep it, beyond
+/// the tab), and the page of a moving payment goes on following it after a confirmation was opened and
+/// dismissed: the refresh is put off while the dialog is open, never given up.
+#[cfg_attr(onceflow_no_chromedriver, ignore = "chromedriver was not found when the tests were built")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_keeps_following_a_payment_after_a_dismissed_confirmation() {
+    let url = database("sqlite").await.unwrap();
+    let (app, _channel) = app_over_channel(&url, Duration::from_secs(8), keys()).await;
+    let acme = as_key(&app, ACME);
+    let request_no = start_payment(&acme, "O-1").await;
+    let browser = browser().await;
+    browser.open(&format!("{}/console", app.base)).await;
+    let kind = browser.find("#key").await.attr("type").await.unwrap();
+    assert_ne!(kind.as_deref(), Some("password"), "the key's field");
+    browser.sign_in(&app.base, OPERATOR).await;
+    browser.open(&format!("{}/console/#/find?q=O-1", app.base)).await;
+    browser.text_with("#request-no", &request_no, 10).await;
+    browser.text_with("#workflow h2", "running", 5).await;
+    browser.find("#action-cancel").await.click().await.unwrap();
+    browser.find("#reason").await;
+    // Past a refresh or two, with the dialog open; then "keep it as it is".
+    tokio::time::sleep(Duration::from_millis(3500)).await;
+    browser.find("#keep").await.click().await.unwrap();
+    browser.text_with("#workflow h2", "completed", 20).await;
+    browser.screenshot("followed-after-dismissed-confirmation").await;
+    browser.close().await;
+}
+
+/// The timeline puts a workflow's steps in the order they ran (their sequence), whatever their times say — the
+/// steps of one phase share a time, and a step resumed by a process whose clock is behind reads earlier — and
+/// the rest (requests, operators' actions, events) among them by time.
+#[cfg_attr(onceflow_no_chromedriver, ignore = "chromedriver was not found when the tests were built")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_timeline_follows_the_step_sequence() {
+    let url = database("sqlite").await.unwrap();
+    let (app, _channel) = app_over_channel(&url, Duration::ZERO, Auth::SingleTenant).await;
+    let browser = browser().await;
+    browser.open(&format!("{}/console", app.base)).await;
+    browser.find("#whoami").await;
+    let script = r#"
+        const done = arguments[arguments.length - 1];
+        import('/console/timeline.js').then((m) => done(m.ordered(
+          [{ id: 'a', at: '2026-01-01T10:00:05Z' }, { id: 'b', at: '2026-01-01T10:00:03Z' },
+           { id: 'c', at: '2026-01-01T10:00:05Z' }, { id: 'd', at: '2026-01-01T10:00:07Z' }],
+          [{ id: 'x', at: '2026-01-01T10:00:04Z' }, { id: 'y', at: '2026-01-01T10:00:06Z' },
+           { id: 'r', at: '2026-01-01T10:00:05Z', first: true }],
+        ).map((i) => i.id)), (e) => done(String(e)));
+    "#;
+    let order = browser.client.execute_async(script, vec![]).await.unwrap();
+    assert_eq!(order, json!(["x", "r", "a", "b", "c", "y", "d"]));
+    browser.close().await;
+}
+
+/// A browser dropped without being closed (a test that failed midway) leaves no Chromium process behind.
+#[cfg_attr(onceflow_no_chromedriver, ignore = "chromedriver was not found when the tests were built")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_browser_leaves_no_process() {
+    let browser = browser().await;
+    browser.open("about:blank").await;
+    let profile = browser._profile.display().to_string();
+    assert!(!of_profile(&profile).is_empty(), "Chromium runs with its profile");
+    drop(browser);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !of_profile(&profile).is_empty() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(of_profile(&profile), Vec::<u32>::new(), "processes left of {profile}");
+}
+
 /// Sign in with an operator key, find a payment by its order number, read its timeline; cancel a payment whose
 /// charge the channel holds in flight, with a reason, and see it compensated and the audit entry on the page.
 async fn an_operator_finds_reads_and_cancels_a_payment(url: String, backend: &str) {
@@ -327,13 +428,47 @@ async fn the_console_is_served_with_a_strict_policy_and_no_cors() {
     let (app, _channel) = app_over_channel(&url, Duration::ZERO, keys()).await;
     let page = app.get("/console/").await;
     assert_eq!(page.status, 200);
-    let csp = page.header("content-security-policy").unwrap();
-    assert!(csp.contains("default-src 'self'") && csp.contains("script-src 'self'") && !csp.contains("unsafe"));
+    // The policy, exactly: a change to it is a change to this line, seen in review.
+    const POLICY: &str = "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self'; \
+        connect-src 'self'; font-src 'self'; object-src 'none'; base-uri 'none'; form-action 'none'; \
+        frame-ancestors 'none'; require-trusted-types-for 'script'; trusted-types 'none'";
+    for file in
+        ["/console/", "/console/app.js", "/console/console.css", "/console/pages/payment.js", "/console/timeline.js"]
+    {
+        let answer = app.get(file).await;
+        assert_eq!(answer.status, 200, "{file}");
+        assert_eq!(answer.header("content-security-policy").as_deref(), Some(POLICY), "{file}");
+        assert_eq!(answer.header("x-content-type-options").as_deref(), Some("nosniff"), "{file}");
+        assert_eq!(answer.header("x-frame-options").as_deref(), Some("DENY"), "{file}");
+        assert_eq!(answer.header("referrer-policy").as_deref(), Some("no-referrer"), "{file}");
+    }
     assert!(page.text.contains("<script type=\"module\" src=\"/console/app.js\">"));
     assert_eq!(app.get("/console").await.status, 200, "follows the redirect to /console/");
     let script = app.get("/console/pages/payment.js").await;
     assert_eq!(script.header("content-type").as_deref(), Some("text/javascript; charset=utf-8"));
     app.get("/console/../Cargo.toml").await.assert_problem(404, "not_found");
+    // As sent on the wire, not as a client would tidy them: no path outside the console's own files is served.
+    let host = app.base.trim_start_matches("http://").to_owned();
+    for target in [
+        "/console/../Cargo.toml",
+        "/console/../../Cargo.toml",
+        "/console/%2e%2e/Cargo.toml",
+        "/console/%2e%2e%2f%2e%2e%2fCargo.toml",
+        "/console/..%2f..%2fapi%2fCargo.toml",
+        "/console/pages/../../../api/src/main.rs",
+        "/console/pages/%2e%2e/%2e%2e/build.rs",
+        "/console/..\\..\\Cargo.toml",
+        "/console//etc/passwd",
+        "/console/%2fetc%2fpasswd",
+        "/console/index.html%00.js",
+    ] {
+        let (status, body) = raw_get(&host, target).await;
+        assert!(status == 404 || status == 400, "{target}: {status}\n{body}");
+        assert!(
+            !body.contains("[package]") && !body.contains("fn main") && !body.contains("root:"),
+            "{target}: {body}"
+        );
+    }
     let operator = as_key(&app, OPERATOR);
     let origin = [("origin", "https://evil.example")];
     for answer in [
@@ -342,6 +477,19 @@ async fn the_console_is_served_with_a_strict_policy_and_no_cors() {
     ] {
         assert!(answer.headers.keys().all(|k| !k.as_str().starts_with("access-control-")), "{:?}", answer.headers);
     }
+}
+
+/// `GET target` sent as written, on a connection of its own: the status and the body.
+async fn raw_get(host: &str, target: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(host).await.unwrap();
+    let request = format!("GET {target} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    stream.read_to_end(&mut answer).await.unwrap();
+    let answer = String::from_utf8_lossy(&answer).into_owned();
+    let status = answer.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    (status, answer)
 }
 
 /// A measurement, not a check: how long the console's first view (Attention) takes to be drawn with 10,000

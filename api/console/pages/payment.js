@@ -5,6 +5,7 @@
 import { confirmAction } from '../actions.js';
 import { api, has, path, problem } from '../api.js';
 import { add, badge, facts, h, json, money, notice, table, time } from '../dom.js';
+import { ordered } from '../timeline.js';
 
 /** How often a page of a workflow still moving reads it again. */
 const LIVE_MS = 1500;
@@ -17,13 +18,13 @@ async function paymentOf(ctx, tenant, requestNo) {
   return { match: answer.data.matches.find((m) => m.kind === 'payment' && m.payment.request_no === requestNo && m.tenant === tenant) };
 }
 
-/** The workflow's timeline: steps in the order they ran, operator actions, refunds and events, by time. */
+/** The workflow's timeline: steps in the order they ran (their sequence, not their times), and operator
+ * actions, the request, refunds and events among them by time (see `timeline.js`). */
 function timeline(view, audit, extra) {
-  const items = [];
-  let order = 0;
+  const steps = [];
   for (const s of view ? view.steps : []) {
     const answer = s.error ?? s.output;
-    items.push({ at: s.started_at, order: order++, node: h('li', { class: 'step-item' },
+    steps.push({ at: s.started_at, node: h('li', { class: 'step-item' },
       h('div', {}, time(s.started_at)),
       h('div', { class: 'what' },
         h('div', { class: 'head' }, h('strong', { class: 'mono' }, s.step_key), badge(s.status),
@@ -31,19 +32,19 @@ function timeline(view, audit, extra) {
           s.finished_at ? h('span', { class: 'muted' }, 'finished ', time(s.finished_at)) : null),
         answer === undefined ? null : h('details', {}, h('summary', {}, s.error ? 'error' : 'output'), json(answer)))) });
   }
+  const others = [];
   for (const a of audit) {
-    items.push({ at: a.at, order: order++, node: h('li', { class: 'audit-item' },
+    others.push({ at: a.at, node: h('li', { class: 'audit-item' },
       h('div', {}, time(a.at)),
       h('div', { class: 'what' },
-        h('div', { class: 'head' }, h('strong', {}, `${a.action}`), h('span', {}, `by ${a.actor}`),
+        h('div', { class: 'head' }, h('strong', {}, `${a.action}`), a.actor ? h('span', {}, `by ${a.actor}`) : null,
           a.status ? badge(a.status < 300 ? 'done' : 'refused') : badge('unknown')),
-        a.reason ? h('div', {}, 'Reason: ', h('q', { class: 'reason' }, a.reason)) : h('div', { class: 'muted' }, 'No reason given.'),
+        a.reason ? h('div', {}, 'Reason: ', h('q', { class: 'reason' }, a.reason)) : a.actor ? h('div', { class: 'muted' }, 'No reason given.') : null,
         h('div', { class: 'muted' }, a.result ?? 'No answer recorded (the process stopped midway).'))) });
   }
   // What happened first at a time shared with steps (the payment's request) goes before them.
-  for (const x of extra) items.push({ ...x, order: x.first ? -1 : order++ });
-  items.sort((a, b) => (Date.parse(a.at) - Date.parse(b.at)) || (a.order - b.order));
-  return h('ol', { class: 'timeline', id: 'timeline' }, items.map((i) => i.node));
+  others.push(...extra);
+  return h('ol', { class: 'timeline', id: 'timeline' }, ordered(steps, others).map((i) => i.node));
 }
 
 function actionsFor(ctx, view, canQuery) {
@@ -125,7 +126,7 @@ export async function render(target, ctx) {
       const r = await api('GET', `${path('payments', p.request_no)}/events`);
       if (!r.ok) return null;
       const list = r.data.events ?? [];
-      const canRedeliver = await has('post', '/v1/events/{id}/redeliver');
+      const canRedeliver = await has('post', '/v1/events/{event_id}/redeliver');
       return list.length ? table(['Event', 'Type', 'Created', ''], list.map((e) => [h('span', { class: 'mono' }, e.id), e.type, time(e.created_at),
         canRedeliver && ctx.me.operator ? h('button', { type: 'button', on: { click: () => confirmAction({ title: `Redeliver ${e.id}?`, verb: 'Redeliver',
           explain: 'The event is sent again now, with the same id, to every endpoint subscribed to it.', path: `${path('events', e.id)}/redeliver` }, ctx.refresh) } }, 'Redeliver') : ''])) : h('p', { class: 'muted' }, 'None.');
@@ -155,13 +156,17 @@ export async function render(target, ctx) {
       table(['Seq', 'Undoes', 'Compensation', 'Status'], view.compensations.map((c) => [c.seq, h('span', { class: 'mono' }, c.step_key), c.name, badge(c.status)]))));
   }
   sections.push(h('section', { class: 'panel', id: 'audit' }, h('h2', {}, 'Audit log'), audit.length
-    ? table(['When', 'Who', 'Action', 'Reason', 'Result'], audit.map((a) => [time(a.at), a.actor, a.action, a.reason ?? '—', a.result ?? 'no answer recorded']))
+    ? table(['When', 'Who', 'Action', 'Reason', 'Result'], audit.map((a) => [time(a.at), a.actor ?? '—', a.action, a.reason ?? '—', a.result ?? 'no answer recorded']))
     : h('p', { class: 'muted' }, 'No operator has acted on it.')));
   if (!ctx.current()) return;
   add(target, sections);
   if (view && (view.workflow.state === 'running' || view.workflow.state === 'compensating')) {
-    setTimeout(() => {
-      if (ctx.current() && !document.getElementById('confirm').open) ctx.refresh();
-    }, LIVE_MS);
+    // Read again while it moves; while a confirmation is open the refresh waits (and is not given up).
+    const tick = () => {
+      if (!ctx.current()) return;
+      if (document.getElementById('confirm').open) setTimeout(tick, LIVE_MS);
+      else ctx.refresh();
+    };
+    setTimeout(tick, LIVE_MS);
   }
 }
