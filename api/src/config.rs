@@ -468,8 +468,9 @@ pub enum WorkflowsCommand {
         database: DatabaseArgs,
         /// The workflow id.
         workflow_id: String,
-        /// Why (at most 500 characters): kept in the audit log with the action, as `cli:<user>`'s.
-        #[arg(long, env = "ONCEFLOW_REASON")]
+        /// Why (at most 500 characters, no control characters but line breaks and tabs): kept in the audit log
+        /// with the action, as `cli:<user>`'s.
+        #[arg(long, env = "ONCEFLOW_REASON", value_parser = parse_reason)]
         reason: Option<String>,
     },
     /// Cancel a running workflow: its compensations run.
@@ -479,8 +480,9 @@ pub enum WorkflowsCommand {
         database: DatabaseArgs,
         /// The workflow id.
         workflow_id: String,
-        /// Why (at most 500 characters): kept in the audit log with the action, as `cli:<user>`'s.
-        #[arg(long, env = "ONCEFLOW_REASON")]
+        /// Why (at most 500 characters, no control characters but line breaks and tabs): kept in the audit log
+        /// with the action, as `cli:<user>`'s.
+        #[arg(long, env = "ONCEFLOW_REASON", value_parser = parse_reason)]
         reason: Option<String>,
     },
 }
@@ -495,6 +497,15 @@ pub fn parse_duration(raw: &str) -> Result<Duration, String> {
     humantime::parse_duration(raw).map_err(|e| format!("`{raw}` is not a duration like 500ms, 30s, 15m, 24h, 7d: {e}"))
 }
 
+/// Checks `--reason` as the HTTP API checks an action's reason: at most 500 characters, no control character
+/// but line breaks and tabs (a longer one was cut short silently).
+pub fn parse_reason(raw: &str) -> Result<String, String> {
+    if raw.chars().count() > crate::routes::audit::MAX_REASON {
+        return Err(format!("a reason is at most {} characters", crate::routes::audit::MAX_REASON));
+    }
+    crate::text::reason(raw).map(str::to_owned).map_err(|e| e.detail)
+}
+
 /// Parses `--api-keys` (`tenant:key,tenant:key`) into `(tenant, key)` pairs.
 pub fn parse_api_keys(raw: &str) -> Result<Vec<(String, String)>, ConfigError> {
     raw.split(',')
@@ -504,6 +515,12 @@ pub fn parse_api_keys(raw: &str) -> Result<Vec<(String, String)>, ConfigError> {
                 .trim()
                 .split_once(':')
                 .ok_or_else(|| ConfigError(format!("--api-keys: `{pair}` is not tenant:key")))?;
+            if tenant.chars().any(char::is_control) {
+                return Err(ConfigError(format!(
+                    "--api-keys: the name `{}` holds a control character",
+                    tenant.escape_debug()
+                )));
+            }
             if tenant.is_empty() || key.len() < 8 {
                 return Err(ConfigError(format!(
                     "--api-keys: `{tenant}` needs a tenant name and a key of at least 8 characters"
@@ -545,6 +562,16 @@ pub fn parse_operator_keys(raw: &str, tenants: &[(String, String)]) -> Result<Ve
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_reason_is_checked_as_over_http() {
+        assert_eq!(parse_reason("customer called\nagain").as_deref(), Ok("customer called\nagain"));
+        assert!(parse_reason(&"x".repeat(501)).is_err(), "refused, not cut short");
+        assert!(parse_reason("nul\0").is_err());
+        assert!(parse_reason("\u{1b}[2J").is_err());
+        assert!(parse_api_keys("acme\u{7}:acme-secret-key").is_err());
+        assert!(parse_operator_keys("ops\u{1b}[31m:operator-key", &[]).is_err());
+    }
 
     /// contracts/cli.md: every flag also reads `ONCEFLOW_` + its name in upper case, `-` as `_`.
     #[test]

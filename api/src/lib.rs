@@ -38,6 +38,7 @@ mod run;
 mod server;
 mod state;
 pub mod telemetry;
+mod text;
 
 pub use app::app;
 pub use database::{OnPayments, redact, with_payments};

@@ -10,6 +10,7 @@ use serde_json::Value;
 use crate::config::WorkflowsCommand;
 use crate::database::OnPayments;
 use crate::routes::views::WorkflowDetail;
+use crate::text::printable;
 
 /// A `workflows` command, on the engine once it is connected.
 pub(crate) struct Operate(pub(crate) WorkflowsCommand);
@@ -64,10 +65,9 @@ async fn audited<S: PaymentStore>(
         .workflow(workflow_id)
         .await?
         .ok_or_else(|| onceflow_engine::Error::NotFound(workflow_id.into()))?;
-    let user = std::env::var("USER").unwrap_or_else(|_| "unknown".to_owned());
-    let reason: Option<String> = reason.map(|r| r.chars().take(crate::routes::audit::MAX_REASON).collect());
+    // The reason was checked as the command line was read (`config::parse_reason`).
     let entry = onceflow_engine::AuditAction {
-        actor: format!("cli:{user}"),
+        actor: cli_actor(std::env::var("USER").ok()),
         action: action.to_owned(),
         workflow_id: Some(record.workflow_id),
         subject: None,
@@ -85,6 +85,15 @@ async fn audited<S: PaymentStore>(
     };
     engine.audit_end(&id, status, &result).await?;
     done.map(|w| w.state)
+}
+
+/// Longest user name kept in an actor `cli:<user>`.
+const MAX_USER: usize = 64;
+
+/// `cli:<user>` for the terminal's user (`$USER`): control characters dropped, at most [`MAX_USER`] characters.
+fn cli_actor(user: Option<String>) -> String {
+    let user: String = user.unwrap_or_default().chars().filter(|c| !c.is_control()).take(MAX_USER).collect();
+    format!("cli:{}", if user.is_empty() { "unknown" } else { &user })
 }
 
 /// The parts of an engine error its answer is made of (the error itself is not `Clone`).
@@ -164,14 +173,56 @@ fn shown(view: WorkflowView, audit: Vec<AuditRecord>) -> String {
             out.push_str(&format!("{:>4} {:<36} {:<16} {}\n", c.seq, c.step_key, c.name, c.status));
         }
     }
+    audit_table(&mut out, audit);
+    out
+}
+
+/// A workflow's audit entries as `workflows show` prints them, one line each.
+fn audit_table(out: &mut String, audit: Vec<AuditRecord>) {
     if !audit.is_empty() {
         out.push_str(&format!("\n{:<24}  {:<16} {:<14} {:<28} REASON\n", "AUDIT", "ACTOR", "ACTION", "RESULT"));
         for a in audit {
             let at = crate::routes::orders::rfc3339(a.at);
-            let result = a.result.unwrap_or_else(|| "(no answer: interrupted)".to_owned());
-            let reason = a.reason.unwrap_or_default();
-            out.push_str(&format!("{at:<24}  {:<16} {:<14} {result:<28} {reason}\n", a.actor, a.action));
+            // What people typed (a reason, a user's name) is shown escaped: one entry, one line, no terminal control.
+            let result = a.result.map_or_else(|| "(no answer: interrupted)".to_owned(), |r| printable(&r, 200));
+            let reason = printable(&a.reason.unwrap_or_default(), crate::routes::audit::MAX_REASON);
+            let (actor, action) = (printable(&a.actor, 80), printable(&a.action, 40));
+            out.push_str(&format!("{at:<24}  {actor:<16} {action:<14} {result:<28} {reason}\n"));
         }
     }
-    out
+}
+
+#[cfg(test)]
+mod tests {
+    use onceflow_engine::store::AuditRecord;
+
+    #[test]
+    fn the_cli_actor_is_bounded_and_plain() {
+        assert_eq!(super::cli_actor(Some("alice".into())), "cli:alice");
+        assert_eq!(super::cli_actor(None), "cli:unknown");
+        assert_eq!(super::cli_actor(Some("\u{1b}[31m".into())), "cli:[31m");
+        assert_eq!(super::cli_actor(Some("x".repeat(1000))).len(), 4 + super::MAX_USER);
+    }
+
+    #[test]
+    fn an_audit_entry_prints_on_one_line_without_terminal_control() {
+        let entry = AuditRecord {
+            id: "a1".into(),
+            at: 0,
+            actor: "ops\u{1b}[2J".into(),
+            action: "cancel".into(),
+            workflow_id: Some("pay:x".into()),
+            subject: None,
+            tenant: Some("acme".into()),
+            reason: Some("line one\nline two\r\u{1b}[31mred".into()),
+            status: Some(200),
+            result: Some("now compensating".into()),
+        };
+        let mut printed = String::new();
+        super::audit_table(&mut printed, vec![entry]);
+        // A blank line, the heading, the entry.
+        assert_eq!(printed.trim_start().lines().count(), 2, "{printed}");
+        assert!(!printed.contains('\u{1b}') && !printed.contains('\r'), "{printed:?}");
+        assert!(printed.contains("line one\\nline two\\r\\u{1b}[31mred"), "{printed}");
+    }
 }

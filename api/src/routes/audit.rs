@@ -22,8 +22,8 @@ use utoipa::{IntoParams, ToSchema};
 use crate::error::ApiError;
 use crate::extract::{payload_too_large, unsupported_media_type};
 use crate::routes::orders::rfc3339;
-use crate::routes::text::plain_opt;
 use crate::state::{AppState, Caller};
+use crate::text::plain_opt;
 
 /// Longest reason kept, in characters.
 pub const MAX_REASON: usize = 500;
@@ -111,7 +111,7 @@ pub fn reason(given: Option<String>) -> Result<Option<String>, ApiError> {
             Err(ApiError::invalid(format!("reason must be at most {MAX_REASON} characters")))
         }
         Some(reason) => {
-            crate::routes::text::reason(&reason)?;
+            crate::text::reason(&reason)?;
             Ok(Some(reason).filter(|r| !r.trim().is_empty()))
         }
         None => Ok(None),

@@ -29,7 +29,6 @@ pub mod payments;
 pub mod reconciliations;
 pub mod refunds;
 pub mod search;
-pub mod text;
 pub mod tokens;
 pub mod unresolved;
 pub mod views;

@@ -16,9 +16,9 @@ use onceflow_payments::PaymentStore;
 
 use crate::error::ApiError;
 use crate::routes::audit::{Reason, Subject, audited};
-use crate::routes::text::plain_opt;
 use crate::routes::views::{WorkflowBody, WorkflowDetail, WorkflowPage};
 use crate::state::{AppState, Caller, may_scrape};
+use crate::text::plain_opt;
 
 /// How long a scrape waits for the database to answer `SELECT 1` before it reports it down.
 const PING_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);

@@ -16,8 +16,8 @@ use utoipa::{IntoParams, ToSchema};
 
 use crate::error::ApiError;
 use crate::routes::orders::{OrderBody, rfc3339};
-use crate::routes::text::{plain, plain_opt};
 use crate::state::{AppState, Caller, DEFAULT_TENANT};
+use crate::text::{plain, plain_opt};
 
 /// Most matches one search returns.
 const MAX_MATCHES: usize = 50;

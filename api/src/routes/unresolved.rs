@@ -72,7 +72,7 @@ pub async fn unresolved<S: PaymentStore>(
     let store = state.payments.engine().store();
     let now = chrono::Utc::now().timestamp_millis();
     let map = |e: sqlx::Error| ApiError::from(onceflow_payments::Error::from(e));
-    let named = crate::routes::text::plain_opt("tenant", q.tenant.as_deref())?;
+    let named = crate::text::plain_opt("tenant", q.tenant.as_deref())?;
     let tenant = caller.tenant_scope().or(named).map(str::to_owned);
     let oldest = store.unresolved_before(now, READ).await.map_err(map)?;
     let mine: Vec<_> = oldest.into_iter().filter(|(t, _, _)| tenant.as_ref().is_none_or(|want| want == t)).collect();

@@ -1,6 +1,7 @@
-//! Text a client sends that is stored, searched or shown to people: a NUL byte (which no database stores in
-//! text, and which PostgreSQL refuses outright) or another control character is the client's mistake, answered
-//! `400`, never a server error.
+//! Text a client sends that is stored, searched or shown to people, over HTTP or on the command line: a NUL
+//! byte (which no database stores in text, and which PostgreSQL refuses outright) or another control character
+//! is the client's mistake (over HTTP `400`, never a server error); and such text printed on a terminal is
+//! escaped, so that what it holds cannot move the cursor or recolour what follows.
 
 use crate::error::ApiError;
 
@@ -25,6 +26,24 @@ pub fn reason(value: &str) -> Result<&str, ApiError> {
     Ok(value)
 }
 
+/// `text` for a terminal: every control character (line breaks too: one entry, one line) as its escape
+/// (`\n`, `\u{1b}`), at most `max` characters of it shown (then `…`).
+pub fn printable(text: &str, max: usize) -> String {
+    let mut out = String::new();
+    for (i, c) in text.chars().enumerate() {
+        if i == max {
+            out.push('…');
+            break;
+        }
+        if c.is_control() {
+            out.extend(c.escape_debug());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -36,5 +55,12 @@ mod tests {
         assert!(super::reason("line\nline\ttab").is_ok());
         assert!(super::reason("nul\0").is_err());
         assert!(super::reason("\u{1b}[31m").is_err());
+    }
+
+    #[test]
+    fn printed_text_holds_no_control_character() {
+        assert_eq!(super::printable("a\nb\u{1b}[2Jc\r", 100), "a\\nb\\u{1b}[2Jc\\r");
+        assert_eq!(super::printable("naïve 支付", 100), "naïve 支付");
+        assert_eq!(super::printable("abcdef", 3), "abc…");
     }
 }
