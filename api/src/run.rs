@@ -287,13 +287,14 @@ fn spawn_unresolved_warnings<S: PaymentStore>(
             tick.tick().await;
             let now = chrono::Utc::now().timestamp_millis();
             let created_before = now.saturating_sub(threshold_ms);
-            let overdue = match payments.engine().store().unresolved_before(created_before, UNRESOLVED_BATCH).await {
-                Ok(overdue) => overdue,
-                Err(e) => {
-                    tracing::debug!(error = %e, "could not check for unresolved payments");
-                    continue;
-                }
-            };
+            let overdue =
+                match payments.engine().store().unresolved_before(None, created_before, UNRESOLVED_BATCH).await {
+                    Ok(overdue) => overdue,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "could not check for unresolved payments");
+                        continue;
+                    }
+                };
             // Forget the payments resolved since (a payment warned about stays overdue while it is unresolved,
             // and the oldest come first, so it stays in the batch).
             let current: std::collections::HashSet<(&str, &str)> =

@@ -49,6 +49,8 @@ on_every_backend!(
     control_characters_are_a_clients_mistake,
     every_kind_of_action_is_on_the_record,
     a_redelivery_is_on_the_record,
+    search_finds_refunds_events_and_any_tenants_charge,
+    a_charge_id_is_looked_up_through_an_index,
 );
 
 const ACME: &str = "acme-secret-key";
@@ -474,4 +476,89 @@ async fn a_redelivery_is_on_the_record(url: String) {
     let globex = hooked.as_key(GLOBEX);
     globex.post(&format!("/v1/events/{event_id}/redeliver"), json!({})).await.assert_problem(404, "event_not_found");
     assert_eq!(operator.get("/v1/audit").await.json()["audit"].as_array().unwrap().len(), 2);
+}
+
+/// A refund's number and an event's id name their payment; an operator finds a charge id of any tenant stored
+/// (one no key names, too), a tenant its own only.
+async fn search_finds_refunds_events_and_any_tenants_charge(url: String) {
+    let hooked = common::webhooks::start(&url, keys(), common::webhooks::local(&[1])).await;
+    let (acme, globex, operator) = (hooked.as_key(ACME), hooked.as_key(GLOBEX), hooked.as_key(OPERATOR));
+    acme.order("O-1", 1000).await;
+    let paid = acme.pay(&acme.token().await, pay_body("O-1")).await;
+    assert_eq!(paid.status, 201, "{}", paid.text);
+    let request_no = paid.json()["request_no"].as_str().unwrap().to_owned();
+    let refunded = acme.refund(&acme.token().await, &request_no, json!({"amount": 100, "refund_no": "RF-1"})).await;
+    assert_eq!(refunded.status, 201, "{}", refunded.text);
+    assert_eq!(found(&operator, "RF-1").await, ["refund_no:payment:acme"]);
+    assert_eq!(found(&acme, "RF-1").await, ["refund_no:payment:acme"]);
+    assert_eq!(found(&globex, "RF-1").await, Vec::<String>::new());
+
+    let event = common::webhooks::event("acme", &request_no);
+    let event_id = event.id();
+    hooked.write(event).await;
+    assert_eq!(found(&operator, &event_id).await, ["event_id:payment:acme"]);
+    assert_eq!(found(&acme, &event_id).await, ["event_id:payment:acme"]);
+    assert_eq!(found(&globex, &event_id).await, Vec::<String>::new());
+
+    // A tenant that no key names (its payments came by another way: a message queue, a key since removed).
+    struct Pay;
+    impl OnPayments for Pay {
+        type Output = String;
+        async fn run<S: PaymentStore>(self, payments: Payments<S>) -> String {
+            use onceflow_payments::{Currency, OrderNo, PaymentRequest};
+            let cny = Currency::parse("CNY").unwrap();
+            let order_no = OrderNo::parse("I-1").unwrap();
+            payments.create_order("initech", &order_no, 1000, &cny).await.unwrap();
+            let token = payments.issue_token("initech").await.unwrap().token;
+            let request = PaymentRequest::new(order_no, 1000, cny, None).unwrap();
+            let r = payments.pay("initech", &token, "/v1/payments", &request, Duration::from_secs(10)).await.unwrap();
+            let body: Value = serde_json::from_str(&r.body).unwrap();
+            body["charge_id"].as_str().unwrap().to_owned()
+        }
+    }
+    let channel = Arc::new(MockChannel::reliable());
+    let charge_id = with_payments(&url, channel, EngineConfig::default(), 2, Pay).await.unwrap();
+    // (Each mock channel numbers its charges alike: acme's may have the same id; each is found as its own.)
+    let initech = "charge_id:payment:initech".to_owned();
+    assert!(found(&operator, &charge_id).await.contains(&initech), "{charge_id}");
+    assert!(!found(&acme, &charge_id).await.contains(&initech));
+    let only = operator.get(&format!("/v1/search?q={charge_id}&tenant=acme")).await.json();
+    assert!(only["matches"].as_array().unwrap().iter().all(|m| m["tenant"] == "acme"), "{only}");
+}
+
+/// A search by charge id reads the index `payments_charge` (migration 0058), not every payment: the planner of
+/// each backend may use it for the store's statement (PostgreSQL told not to scan the table, which on a small
+/// one it would prefer).
+async fn a_charge_id_is_looked_up_through_an_index(url: String) {
+    let (_app, _channel) = app_over_channel(&url, Duration::ZERO).await;
+    let plan: String = if url.starts_with("sqlite:") {
+        let pool = sqlx::SqlitePool::connect(&url).await.unwrap();
+        let sql = "EXPLAIN QUERY PLAN SELECT * FROM payments WHERE charge_id = $1 AND ($2 IS NULL OR tenant = $2) \
+                   ORDER BY created_at DESC, request_no DESC LIMIT $3";
+        let rows: Vec<(i64, i64, i64, String)> =
+            sqlx::query_as(sql).bind("ch_1").bind(None::<String>).bind(50).fetch_all(&pool).await.unwrap();
+        rows.into_iter().map(|r| r.3).collect::<Vec<_>>().join("\n")
+    } else if url.starts_with("mysql:") {
+        let pool = sqlx::MySqlPool::connect(&url).await.unwrap();
+        let sql = "EXPLAIN FORMAT=JSON SELECT * FROM payments WHERE charge_id = ? AND (? IS NULL OR tenant = ?) \
+                   ORDER BY created_at DESC, request_no DESC LIMIT ?";
+        let row: (String,) = sqlx::query_as(sql)
+            .bind("ch_1")
+            .bind(None::<String>)
+            .bind(None::<String>)
+            .bind(50)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        row.0
+    } else {
+        let pool = sqlx::postgres::PgPoolOptions::new().max_connections(1).connect(&url).await.unwrap();
+        sqlx::query("SET enable_seqscan = off").execute(&pool).await.unwrap();
+        let sql = "EXPLAIN SELECT * FROM payments WHERE charge_id = $1 AND ($2::text IS NULL OR tenant = $2) \
+                   ORDER BY created_at DESC, request_no DESC LIMIT $3";
+        let rows: Vec<(String,)> =
+            sqlx::query_as(sql).bind("ch_1").bind(None::<String>).bind(50i64).fetch_all(&pool).await.unwrap();
+        rows.into_iter().map(|r| r.0).collect::<Vec<_>>().join("\n")
+    };
+    assert!(plan.contains("payments_charge"), "{plan}");
 }

@@ -2,15 +2,17 @@
 //! channel charge id, a workflow id — to the payments it names (contracts/console.md, Find). A tenant key finds
 //! its own tenant's only; an operator every configured tenant's (or `tenant=`'s).
 //!
-//! Each kind of number is looked up where an index holds it (a payment by its number, an order's payments, a
-//! token's workflow by its derived id), but for a charge id, which no index holds (see
-//! `PaymentStore::payment_by_charge`). Refunds and events are found by their own routes
-//! (`GET /v1/refunds/{refund_no}`, `GET /v1/events/{id}`): a finder for each belongs here once they exist.
+//! Each kind of number is looked up where an index holds it: a payment by its number, an order's payments, a
+//! refund by its number (its payment found), a token's workflow by its derived id, an event by its id (the
+//! payment it tells of), and a charge id through `payments_charge` (migration 0058) — for an operator in one
+//! look across every tenant, stored or configured. Numbers that are unique per tenant only (order, request and
+//! refund numbers) are looked up in each tenant an operator's keys name (or `tenant=`), through their indexes
+//! led by the tenant.
 
 use axum::Json;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
-use onceflow_payments::{OrderNo, PaymentBody, PaymentInput, PaymentRecord, PaymentStore, RequestNo, Token};
+use onceflow_payments::{OrderNo, PaymentBody, PaymentInput, PaymentRecord, PaymentStore, RefundNo, RequestNo, Token};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
@@ -26,7 +28,7 @@ const MAX_MATCHES: usize = 50;
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct SearchQuery {
-    /// An order_no, request_no, token, charge_id or workflow_id (1–256 characters).
+    /// An order_no, request_no, refund_no, token, charge_id, workflow_id or event id (1–256 characters).
     #[param(min_length = 1, max_length = 256)]
     #[param(required = true)]
     pub q: Option<String>,
@@ -37,7 +39,7 @@ pub struct SearchQuery {
 /// One thing a search found.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct SearchMatch {
-    /// What the query matched: order_no, request_no, charge_id, token or workflow_id.
+    /// What the query matched: order_no, request_no, refund_no, charge_id, token, workflow_id or event_id.
     pub matched: String,
     /// What was found: a `payment`, an `order` without payments, or a `workflow` of another type.
     pub kind: String,
@@ -118,9 +120,33 @@ pub async fn search<S: PaymentStore>(
                 found.payment(&state, "order_no", p).await?;
             }
         }
-        if let Some(p) = store.payment_by_charge(tenant, q).await.map_err(onceflow_payments::Error::from)? {
-            found.payment(&state, "charge_id", p).await?;
+        // A refund's number names its payment.
+        if let Ok(refund_no) = RefundNo::parse(q)
+            && let Some(r) = state.payments.refund_record(tenant, &refund_no).await?
+            && let Some(p) = state.payments.payment(tenant, &r.request_no).await?
+        {
+            found.payment(&state, "refund_no", p).await?;
         }
+    }
+    // A charge id through its index, in one look: an operator's (without `tenant=`) across every tenant.
+    let charge_scope = match (&caller, &wanted) {
+        (Caller::Tenant(own), _) => Some(own.as_str()),
+        (Caller::Local, _) => Some(DEFAULT_TENANT),
+        (Caller::Operator(_), wanted) => wanted.as_deref(),
+    };
+    let by_charge = store.payments_by_charge(charge_scope, q, MAX_MATCHES as i64).await;
+    for p in by_charge.map_err(onceflow_payments::Error::from)? {
+        found.payment(&state, "charge_id", p).await?;
+    }
+    // An event's id names the payment it tells of (a tenant sees its own events only).
+    if q.starts_with("evt_")
+        && let Ok((event, _)) = state.payments.events().event(caller.tenant_scope(), q).await
+        && wanted.as_ref().is_none_or(|t| *t == event.tenant)
+        && let Some(number) = event.data().get("request_no").and_then(|n| n.as_str()).map(str::to_owned)
+        && let Ok(request_no) = RequestNo::parse(&number)
+        && let Some(p) = state.payments.payment(&event.tenant, &request_no).await?
+    {
+        found.payment(&state, "event_id", p).await?;
     }
     // A token names its payment's workflow; a workflow id names itself.
     let mut ids = vec![(q.to_owned(), "workflow_id")];

@@ -74,8 +74,9 @@ pub async fn unresolved<S: PaymentStore>(
     let map = |e: sqlx::Error| ApiError::from(onceflow_payments::Error::from(e));
     let named = crate::text::plain_opt("tenant", q.tenant.as_deref())?;
     let tenant = caller.tenant_scope().or(named).map(str::to_owned);
-    let oldest = store.unresolved_before(now, READ).await.map_err(map)?;
-    let mine: Vec<_> = oldest.into_iter().filter(|(t, _, _)| tenant.as_ref().is_none_or(|want| want == t)).collect();
+    // A tenant's own, read as such (through the partial index of unresolved payments, which holds only them):
+    // not picked from every tenant's oldest, which another tenant's could fill.
+    let mine = store.unresolved_before(tenant.as_deref(), now, READ).await.map_err(map)?;
     let count = match tenant {
         Some(_) => mine.len() as i64,
         None => store.unresolved().await.map_err(map)?.0,

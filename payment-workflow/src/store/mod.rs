@@ -206,13 +206,14 @@ pub trait PaymentStore: Store + RefundStore + crate::events::EventStore + Channe
         tenant: &str,
         request_no: &RequestNo,
     ) -> impl Future<Output = Result<Option<PaymentRecord>, sqlx::Error>> + Send;
-    /// The tenant's payment whose channel charge is `charge_id` (an operator's search). No index holds charge
-    /// ids (one would cost every payment a write and bytes for a rare look-up): it reads the tenant's payments.
-    fn payment_by_charge(
+    /// The payments whose channel charge is `charge_id` (an operator's search), of `tenant` only when given, at
+    /// most `limit`, newest first, through the index `payments_charge` (migration 0058).
+    fn payments_by_charge(
         &self,
-        tenant: &str,
+        tenant: Option<&str>,
         charge_id: &str,
-    ) -> impl Future<Output = Result<Option<PaymentRecord>, sqlx::Error>> + Send;
+        limit: i64,
+    ) -> impl Future<Output = Result<Vec<PaymentRecord>, sqlx::Error>> + Send;
     /// Every payment record of the tenant's order `order_no` (each attempt), newest first, through the index
     /// `payments_order_page`.
     fn payments_of_order(
@@ -234,10 +235,11 @@ pub trait PaymentStore: Store + RefundStore + crate::events::EventStore + Channe
     /// channel said processing) and the oldest one's `created_at` (ms), through the partial index
     /// `payments_unresolved` (no scan of the payments table).
     fn unresolved(&self) -> impl Future<Output = Result<(i64, Option<i64>), sqlx::Error>> + Send;
-    /// The unresolved payments created at or before `created_before` (ms), oldest first, at most `limit`:
-    /// `(tenant, request_no, created_at)`.
+    /// The unresolved payments created at or before `created_before` (ms), oldest first, at most `limit`, of
+    /// `tenant` only when given: `(tenant, request_no, created_at)`.
     fn unresolved_before(
         &self,
+        tenant: Option<&str>,
         created_before: i64,
         limit: i64,
     ) -> impl Future<Output = Result<Vec<(String, RequestNo, i64)>, sqlx::Error>> + Send;

@@ -314,12 +314,21 @@ where
             .await
     }
 
-    async fn payment_by_charge(&self, tenant: &str, charge_id: &str) -> Result<Option<PaymentRecord>, sqlx::Error> {
-        sqlx::query_as("SELECT * FROM payments WHERE tenant = $1 AND charge_id = $2 LIMIT 1")
-            .bind(tenant.to_owned())
-            .bind(charge_id.to_owned())
-            .fetch_optional(self.pool())
-            .await
+    async fn payments_by_charge(
+        &self,
+        tenant: Option<&str>,
+        charge_id: &str,
+        limit: i64,
+    ) -> Result<Vec<PaymentRecord>, sqlx::Error> {
+        sqlx::query_as(
+            "SELECT * FROM payments WHERE charge_id = $1 AND ($2 IS NULL OR tenant = $2) \
+             ORDER BY created_at DESC, request_no DESC LIMIT $3",
+        )
+        .bind(charge_id.to_owned())
+        .bind(tenant.map(str::to_owned))
+        .bind(limit)
+        .fetch_all(self.pool())
+        .await
     }
 
     async fn payments_of_order(&self, tenant: &str, order_no: &OrderNo) -> Result<Vec<PaymentRecord>, sqlx::Error> {
@@ -373,14 +382,17 @@ where
 
     async fn unresolved_before(
         &self,
+        tenant: Option<&str>,
         created_before: i64,
         limit: i64,
     ) -> Result<Vec<(String, RequestNo, i64)>, sqlx::Error> {
         sqlx::query_as(
             "SELECT tenant, request_no, created_at FROM payments \
-             WHERE status = 'processing' AND created_at <= $1 ORDER BY created_at LIMIT $2",
+             WHERE status = 'processing' AND created_at <= $1 AND ($2 IS NULL OR tenant = $2) \
+             ORDER BY created_at LIMIT $3",
         )
         .bind(created_before)
+        .bind(tenant.map(str::to_owned))
         .bind(limit)
         .fetch_all(self.pool())
         .await

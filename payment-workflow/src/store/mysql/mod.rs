@@ -237,12 +237,22 @@ impl PaymentStore for MySqlStore {
             .await
     }
 
-    async fn payment_by_charge(&self, tenant: &str, charge_id: &str) -> Result<Option<PaymentRecord>, sqlx::Error> {
-        sqlx::query_as("SELECT * FROM payments WHERE tenant = ? AND charge_id = ? LIMIT 1")
-            .bind(tenant)
-            .bind(charge_id)
-            .fetch_optional(self.pool())
-            .await
+    async fn payments_by_charge(
+        &self,
+        tenant: Option<&str>,
+        charge_id: &str,
+        limit: i64,
+    ) -> Result<Vec<PaymentRecord>, sqlx::Error> {
+        sqlx::query_as(
+            "SELECT * FROM payments WHERE charge_id = ? AND (? IS NULL OR tenant = ?) \
+             ORDER BY created_at DESC, request_no DESC LIMIT ?",
+        )
+        .bind(charge_id)
+        .bind(tenant)
+        .bind(tenant)
+        .bind(limit)
+        .fetch_all(self.pool())
+        .await
     }
 
     async fn payments_of_order(&self, tenant: &str, order_no: &OrderNo) -> Result<Vec<PaymentRecord>, sqlx::Error> {
@@ -298,14 +308,18 @@ impl PaymentStore for MySqlStore {
 
     async fn unresolved_before(
         &self,
+        tenant: Option<&str>,
         created_before: i64,
         limit: i64,
     ) -> Result<Vec<(String, RequestNo, i64)>, sqlx::Error> {
         sqlx::query_as(
             "SELECT tenant, request_no, created_at FROM payments \
-             WHERE status = 'processing' AND created_at <= ? ORDER BY created_at LIMIT ?",
+             WHERE status = 'processing' AND created_at <= ? AND (? IS NULL OR tenant = ?) \
+             ORDER BY created_at LIMIT ?",
         )
         .bind(created_before)
+        .bind(tenant)
+        .bind(tenant)
         .bind(limit)
         .fetch_all(self.pool())
         .await
