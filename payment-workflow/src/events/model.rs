@@ -152,16 +152,21 @@ pub struct NewEvent {
 }
 
 impl NewEvent {
-    /// The end of the tenant's payment `request_no`: one per payment, whichever of the payment types it is.
+    /// The end of the tenant's payment `request_no`: one per payment, whichever of the payment types it is. It
+    /// carries the trace context of the span it is made in (the payment's step), which its deliveries send on as
+    /// `traceparent`: a receiver's work joins the payment's trace.
     pub fn payment(tenant: &str, request_no: &str, kind: EventType, data: String, now: i64) -> Self {
         let subject = format!("payment:{request_no}");
-        Self { tenant: tenant.to_owned(), kind, subject, data, created_at: now, traceparent: None }
+        let traceparent = onceflow_engine::trace::current();
+        Self { tenant: tenant.to_owned(), kind, subject, data, created_at: now, traceparent }
     }
 
-    /// The end of the tenant's refund `refund_no`: one per refund.
+    /// The end of the tenant's refund `refund_no`: one per refund, with the trace context of the span it is made
+    /// in, as [`NewEvent::payment`].
     pub fn refund(tenant: &str, refund_no: &str, kind: EventType, data: String, now: i64) -> Self {
         let subject = format!("refund:{refund_no}");
-        Self { tenant: tenant.to_owned(), kind, subject, data, created_at: now, traceparent: None }
+        let traceparent = onceflow_engine::trace::current();
+        Self { tenant: tenant.to_owned(), kind, subject, data, created_at: now, traceparent }
     }
 
     /// Its id: `evt_` and 128 bits of SHA-256 over the tenant and the subject.
