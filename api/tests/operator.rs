@@ -46,6 +46,7 @@ on_every_backend!(
     operator_actions_are_on_the_record_and_outlive_the_history,
     search_finds_a_payment_by_every_number_it_has,
     unresolved_payments_are_listed_with_their_age,
+    unresolved_refunds_are_listed_with_their_age,
     control_characters_are_a_clients_mistake,
     every_kind_of_action_is_on_the_record,
     a_redelivery_is_on_the_record,
@@ -561,4 +562,44 @@ async fn a_charge_id_is_looked_up_through_an_index(url: String) {
         rows.into_iter().map(|r| r.0).collect::<Vec<_>>().join("\n")
     };
     assert!(plan.contains("payments_charge"), "{plan}");
+}
+
+/// A refund the channel says is processing is unresolved too: listed with its age, to its tenant and operators.
+async fn unresolved_refunds_are_listed_with_their_age(url: String) {
+    let (app, channel) = app_over_channel(&url, Duration::ZERO).await;
+    let (acme, globex, operator) = (as_key(&app, ACME), as_key(&app, GLOBEX), as_key(&app, OPERATOR));
+    acme.order("O-1", 1000).await;
+    let paid = acme.pay(&acme.token().await, pay_body("O-1")).await;
+    assert_eq!(paid.status, 201, "{}", paid.text);
+    let request_no = paid.json()["request_no"].as_str().unwrap().to_owned();
+    channel.set_refund_mode(common::channel::RefundMode::Processing);
+    let body = json!({"amount": 100, "refund_no": "RF-1"});
+    let refund = acme
+        .send(
+            reqwest::Method::POST,
+            &format!("/v1/payments/{request_no}/refunds"),
+            &[("idempotency-key", acme.token().await.as_str()), ("prefer", "wait=0")],
+            Some(body),
+        )
+        .await;
+    assert!(refund.status == 202 || refund.status == 201, "{}", refund.text);
+    let mut listed = Value::Null;
+    for _ in 0..100 {
+        listed = operator.get("/v1/unresolved").await.json();
+        if listed["refund_count"] == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(listed["refund_count"], 1, "{listed}");
+    let first = &listed["refunds"][0];
+    assert_eq!((first["tenant"].as_str(), first["refund"]["refund_no"].as_str()), (Some("acme"), Some("RF-1")));
+    assert!(first["age_seconds"].as_i64().is_some(), "{listed}");
+    let own = acme.get("/v1/unresolved").await.json();
+    assert_eq!(
+        (own["refund_count"].as_i64(), own["refunds"][0]["refund"]["refund_no"].as_str()),
+        (Some(1), Some("RF-1"))
+    );
+    let none = globex.get("/v1/unresolved").await.json();
+    assert_eq!((none["refund_count"].as_i64(), none["refunds"].as_array().map(Vec::len)), (Some(0), Some(0)), "{none}");
 }

@@ -21,14 +21,24 @@ export function workflowLink(w) {
 
 async function unresolved() {
   const answer = await api('GET', '/v1/unresolved?limit=20');
-  if (!answer.ok) return card('Payments unresolved', null, notice(problem(answer), true));
+  if (!answer.ok) return [card('Payments unresolved', null, notice(problem(answer), true))];
   const rows = answer.data.payments.map((u) => [
     age(u.age_seconds), u.tenant, link(['payment', u.tenant, u.payment.request_no], u.payment.request_no),
     u.payment.order_no, money(u.payment.amount, u.payment.currency), badge(u.payment.status)]);
   const oldest = answer.data.oldest_age_seconds;
-  return card('Payments unresolved', answer.data.count, [
+  const cards = [card('Payments unresolved', answer.data.count, [
     h('p', { class: 'muted' }, oldest === undefined ? 'Every charge outcome is known.' : `The channel's answer is still unknown or processing; oldest ${age(oldest)}.`),
-    rows.length ? table(['Age', 'Tenant', 'Payment', 'Order', 'Amount', 'Status'], rows) : null], false, rows.length > 0);
+    rows.length ? table(['Age', 'Tenant', 'Payment', 'Order', 'Amount', 'Status'], rows) : null], false, rows.length > 0)];
+  // Refunds likewise, when the server lists them.
+  if (Array.isArray(answer.data.refunds)) {
+    const refunds = answer.data.refunds.map((u) => [
+      age(u.age_seconds), u.tenant, h('span', { class: 'mono' }, u.refund.refund_no),
+      link(['payment', u.tenant, u.refund.request_no], u.refund.request_no), money(u.refund.amount, u.refund.currency), badge(u.refund.status)]);
+    cards.push(card('Refunds unresolved', answer.data.refund_count, [
+      h('p', { class: 'muted' }, refunds.length ? 'The channel\'s answer to these refunds is still unknown or processing.' : 'Every refund\'s outcome is known.'),
+      refunds.length ? table(['Age', 'Tenant', 'Refund', 'Payment', 'Amount', 'Status'], refunds) : null], false, refunds.length > 0));
+  }
+  return cards;
 }
 
 async function workflowsIn(state, title, explain) {

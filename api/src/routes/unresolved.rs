@@ -1,11 +1,12 @@
-//! `GET /v1/unresolved`: the payments whose charge outcome is still unknown or `processing`, oldest first, each
-//! with its age (contracts/console.md, Attention). Read through the partial index of unresolved payments, so the
-//! payments table is never scanned. Refunds still `processing` belong here too once refunds exist.
+//! `GET /v1/unresolved`: the payments whose charge outcome is still unknown or `processing`, and the refunds
+//! likewise, oldest first, each with its age (contracts/console.md, Attention): a tenant key's own, an
+//! operator's of every tenant (or `tenant=`'s). Read through the indexes of unresolved payments and refunds, so
+//! neither table is scanned.
 
 use axum::Json;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
-use onceflow_payments::{PaymentBody, PaymentStore};
+use onceflow_payments::{PaymentBody, PaymentStore, RefundBody};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
@@ -40,7 +41,18 @@ pub struct UnresolvedPayment {
     pub tenant: String,
 }
 
-/// The unresolved payments (`GET /v1/unresolved`).
+/// An unresolved refund and how long it has been so.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct UnresolvedRefund {
+    /// Seconds since it was created.
+    pub age_seconds: i64,
+    /// The refund, with its `request_no` and `workflow_id`.
+    pub refund: RefundBody,
+    /// Whose it is.
+    pub tenant: String,
+}
+
+/// The unresolved payments and refunds (`GET /v1/unresolved`).
 #[derive(Debug, Serialize, ToSchema)]
 pub struct Unresolved {
     /// How many there are (of the caller's tenants; a tenant's count stops at 1000).
@@ -50,14 +62,19 @@ pub struct Unresolved {
     pub oldest_age_seconds: Option<i64>,
     /// The oldest `limit` of them, oldest first.
     pub payments: Vec<UnresolvedPayment>,
+    /// How many refunds are unresolved (asked of the channel, the outcome unknown or processing; of the
+    /// caller's tenants; a tenant's count stops at 1000).
+    pub refund_count: i64,
+    /// The oldest `limit` of them, oldest first.
+    pub refunds: Vec<UnresolvedRefund>,
 }
 
-/// Payments whose charge outcome is still unknown or `processing`, oldest first, with their ages: what an
-/// operator looks at first. They are retried, never failed on their own.
+/// Payments whose charge outcome is still unknown or `processing`, and refunds likewise, oldest first, with their
+/// ages: what an operator looks at first. They are retried, never failed on their own.
 #[utoipa::path(get, path = "/v1/unresolved", tag = "operations", params(UnresolvedQuery),
     responses(
-        (status = 200, description = "The unresolved payments, oldest first", body = Unresolved),
-        (status = 400, description = "invalid_request: a limit out of range", body = crate::error::Problem),
+        (status = 200, description = "The unresolved payments and refunds, oldest first", body = Unresolved),
+        (status = 400, description = "invalid_request: a limit out of range, a control character in tenant", body = crate::error::Problem),
     ))]
 pub async fn unresolved<S: PaymentStore>(
     State(state): State<AppState<S>>,
@@ -77,7 +94,7 @@ pub async fn unresolved<S: PaymentStore>(
     // A tenant's own, read as such (through the partial index of unresolved payments, which holds only them):
     // not picked from every tenant's oldest, which another tenant's could fill.
     let mine = store.unresolved_before(tenant.as_deref(), now, READ).await.map_err(map)?;
-    let count = match tenant {
+    let count = match &tenant {
         Some(_) => mine.len() as i64,
         None => store.unresolved().await.map_err(map)?.0,
     };
@@ -96,5 +113,15 @@ pub async fn unresolved<S: PaymentStore>(
             });
         }
     }
-    Ok(Json(Unresolved { count, oldest_age_seconds, payments }))
+    let refunds = store.unresolved_refunds_before(tenant.as_deref(), now, READ).await.map_err(map)?;
+    let refund_count = match tenant {
+        Some(_) => refunds.len() as i64,
+        None => store.unresolved_refunds().await.map_err(map)?.0,
+    };
+    let refunds = refunds
+        .into_iter()
+        .take(usize::try_from(limit).unwrap_or(50))
+        .map(|r| UnresolvedRefund { age_seconds: age(r.created_at), refund: r.view(), tenant: r.tenant })
+        .collect();
+    Ok(Json(Unresolved { count, oldest_age_seconds, payments, refund_count, refunds }))
 }

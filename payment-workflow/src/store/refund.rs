@@ -144,6 +144,15 @@ pub trait RefundStore: Store {
     /// and the oldest one's `created_at` (ms), through the index `refunds_unresolved`.
     fn unresolved_refunds(&self) -> impl Future<Output = Result<(i64, Option<i64>), sqlx::Error>> + Send;
 
+    /// The unresolved refunds created at or before `created_before` (ms), oldest first, at most `limit`, of
+    /// `tenant` only when given, through the index `refunds_unresolved`.
+    fn unresolved_refunds_before(
+        &self,
+        tenant: Option<&str>,
+        created_before: i64,
+        limit: i64,
+    ) -> impl Future<Output = Result<Vec<RefundRecord>, sqlx::Error>> + Send;
+
     /// Every refund (for the invariant checker).
     fn all_refunds(&self) -> impl Future<Output = Result<Vec<RefundRecord>, sqlx::Error>> + Send;
 }

@@ -188,6 +188,23 @@ where
             .await
     }
 
+    async fn unresolved_refunds_before(
+        &self,
+        tenant: Option<&str>,
+        created_before: i64,
+        limit: i64,
+    ) -> Result<Vec<RefundRecord>, sqlx::Error> {
+        sqlx::query_as(
+            "SELECT * FROM refunds WHERE status = 'processing' AND created_at <= $1 AND ($2 IS NULL OR tenant = $2) \
+             ORDER BY created_at LIMIT $3",
+        )
+        .bind(created_before)
+        .bind(tenant.map(str::to_owned))
+        .bind(limit)
+        .fetch_all(self.pool())
+        .await
+    }
+
     async fn all_refunds(&self) -> Result<Vec<RefundRecord>, sqlx::Error> {
         sqlx::query_as("SELECT * FROM refunds ORDER BY tenant, refund_no").fetch_all(self.pool()).await
     }

@@ -169,6 +169,24 @@ impl RefundStore for MySqlStore {
             .await
     }
 
+    async fn unresolved_refunds_before(
+        &self,
+        tenant: Option<&str>,
+        created_before: i64,
+        limit: i64,
+    ) -> Result<Vec<RefundRecord>, sqlx::Error> {
+        sqlx::query_as(
+            "SELECT * FROM refunds WHERE status = 'processing' AND created_at <= ? AND (? IS NULL OR tenant = ?) \
+             ORDER BY created_at LIMIT ?",
+        )
+        .bind(created_before)
+        .bind(tenant)
+        .bind(tenant)
+        .bind(limit)
+        .fetch_all(self.pool())
+        .await
+    }
+
     async fn all_refunds(&self) -> Result<Vec<RefundRecord>, sqlx::Error> {
         sqlx::query_as("SELECT * FROM refunds ORDER BY tenant, refund_no").fetch_all(self.pool()).await
     }
