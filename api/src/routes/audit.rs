@@ -32,8 +32,9 @@ pub const MAX_REASON: usize = 500;
 #[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ActionBody {
-    /// Why (at most 500 characters): kept in the audit log with the action.
-    #[schema(max_length = 500)]
+    /// Why (at most 500 characters, no control characters but line breaks and tabs): kept in the audit log with
+    /// the action.
+    #[schema(max_length = 500, pattern = r"^[^\u0000-\u0008\u000b\u000c\u000e-\u001f\u007f-\u009f]*$")]
     pub reason: Option<String>,
 }
 
@@ -267,8 +268,10 @@ impl From<AuditRecord> for AuditBody {
 #[into_params(parameter_in = Query)]
 pub struct AuditQuery {
     /// One workflow's entries, oldest first (kept after its history is deleted); absent: the newest entries.
+    #[param(pattern = r"^[^\u0000-\u001f\u007f-\u009f]*$")]
     pub workflow_id: Option<String>,
     /// Operators: only this tenant's entries (a tenant key always reads its own only).
+    #[param(pattern = r"^[^\u0000-\u001f\u007f-\u009f]*$")]
     pub tenant: Option<String>,
     /// How many (1–1000, default 100).
     pub limit: Option<i64>,

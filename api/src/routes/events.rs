@@ -121,8 +121,9 @@ pub struct EventDetail {
 pub struct Redeliver {
     /// The endpoint (`we_…`); absent: every enabled endpoint subscribed to the event's type.
     pub endpoint: Option<String>,
-    /// Why (at most 500 characters): kept in the audit log with the redelivery.
-    #[schema(max_length = 500)]
+    /// Why (at most 500 characters, no control characters but line breaks and tabs): kept in the audit log with
+    /// the redelivery.
+    #[schema(max_length = 500, pattern = r"^[^\u0000-\u0008\u000b\u000c\u000e-\u001f\u007f-\u009f]*$")]
     pub reason: Option<String>,
 }
 

@@ -29,10 +29,11 @@ const MAX_MATCHES: usize = 50;
 #[into_params(parameter_in = Query)]
 pub struct SearchQuery {
     /// An order_no, request_no, refund_no, token, charge_id, workflow_id or event id (1–256 characters).
-    #[param(min_length = 1, max_length = 256)]
+    #[param(min_length = 1, max_length = 256, pattern = r"^[^\u0000-\u001f\u007f-\u009f]*$")]
     #[param(required = true)]
     pub q: Option<String>,
     /// Operators: look in this tenant only.
+    #[param(pattern = r"^[^\u0000-\u001f\u007f-\u009f]*$")]
     pub tenant: Option<String>,
 }
 

@@ -22,6 +22,7 @@ const READ: i64 = 1000;
 #[into_params(parameter_in = Query)]
 pub struct UnresolvedQuery {
     /// Operators: only this tenant's.
+    #[param(pattern = r"^[^\u0000-\u001f\u007f-\u009f]*$")]
     pub tenant: Option<String>,
     /// How many to list, oldest first (1–1000, default 50).
     pub limit: Option<i64>,
