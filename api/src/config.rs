@@ -260,6 +260,10 @@ pub enum EventsCommand {
         /// Only to this endpoint (we_…); else to every endpoint subscribed to the event.
         #[arg(long, env = "ONCEFLOW_ENDPOINT")]
         endpoint: Option<String>,
+        /// Why (at most 500 characters, no control characters but line breaks and tabs): kept in the audit log
+        /// with the redelivery, as `cli:<user>`'s.
+        #[arg(long, env = "ONCEFLOW_REASON", value_parser = parse_reason)]
+        reason: Option<String>,
         /// The event (evt_…).
         event_id: String,
     },

@@ -1,7 +1,7 @@
 //! `onceflow events list [--tenant T] [--after C]` and `onceflow events redeliver <id> [--endpoint we_…]
 //! [--webhook-retry-schedule …]`: the event log and a redelivery from a terminal, with what `GET /v1/events` and
 //! `POST /v1/events/{id}/redeliver` give an operator. A redelivery stores its schedule with it, so the command
-//! takes the serving processes' event flags.
+//! takes the serving processes' event flags; it is recorded in the audit log (`--reason`), as `cli:<user>`'s.
 
 use std::sync::Arc;
 
@@ -42,6 +42,16 @@ pub(crate) async fn run(cmd: EventsCommand) -> Result<(), CommandError> {
     done.map_err(CommandError::Config)?.map_err(CommandError::Other)
 }
 
+/// The HTTP status the API answers `e` with, for the audit entry of a refused redelivery.
+fn status_of(e: &onceflow_payments::events::EventError) -> u16 {
+    use onceflow_payments::events::EventError;
+    match e {
+        EventError::EventNotFound(_) | EventError::EndpointNotFound(_) => 404,
+        EventError::EndpointDisabled(_) => 409,
+        _ => 500,
+    }
+}
+
 /// An `events` command, on the service once it is connected.
 struct Events(EventsCommand);
 
@@ -65,8 +75,30 @@ impl OnPayments for Events {
                 }
                 println!("({} shown) next: {}", page.events.len(), page.next.cursor());
             }
-            EventsCommand::Redeliver { event_id, endpoint, .. } => {
-                let made = events.redeliver(None, &event_id, endpoint.as_deref()).await?;
+            EventsCommand::Redeliver { event_id, endpoint, reason, .. } => {
+                // On the record as over HTTP (`routes/audit.rs`): begun before, completed with the answer after;
+                // an event that does not exist is neither redelivered nor recorded.
+                let (event, _) = events.event(None, &event_id).await?;
+                let engine = payments.engine();
+                let entry = onceflow_engine::AuditAction {
+                    actor: crate::operate::cli_actor(std::env::var("USER").ok()),
+                    action: "redeliver".to_owned(),
+                    workflow_id: event.data().get("workflow_id").and_then(|w| w.as_str()).map(str::to_owned),
+                    subject: Some(event.id.clone()),
+                    tenant: Some(event.tenant.clone()),
+                    reason,
+                };
+                let audit_id = engine.audit_begin(entry).await?;
+                let made = events.redeliver(None, &event_id, endpoint.as_deref()).await;
+                let (status, result) = match made {
+                    Ok(ref made) => (202, format!("{} deliveries made", made.len())),
+                    Err(ref e) => {
+                        let said = e.to_string();
+                        (status_of(e), said)
+                    }
+                };
+                engine.audit_end(&audit_id, status, &result).await?;
+                let made = made?;
                 for d in &made {
                     println!("{} to {} (sent by a running serve or worker)", d.id, d.endpoint_id);
                 }

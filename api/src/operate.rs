@@ -91,7 +91,7 @@ async fn audited<S: PaymentStore>(
 const MAX_USER: usize = 64;
 
 /// `cli:<user>` for the terminal's user (`$USER`): control characters dropped, at most [`MAX_USER`] characters.
-fn cli_actor(user: Option<String>) -> String {
+pub(crate) fn cli_actor(user: Option<String>) -> String {
     let user: String = user.unwrap_or_default().chars().filter(|c| !c.is_control()).take(MAX_USER).collect();
     format!("cli:{}", if user.is_empty() { "unknown" } else { &user })
 }

@@ -215,11 +215,30 @@ async fn the_terminal_lists_the_log_from_a_cursor_and_redelivers() {
     assert!(other.contains("(0 shown)"), "{other}");
     let (code, _) = onceflow(&["events", "list", "--database-url", &url, "--after", "nonsense"]);
     assert_eq!(code, Some(2), "a cursor the log did not give is bad usage");
-    let (code, out) = onceflow(&["events", "redeliver", "--database-url", &url, &ids[0]]);
+    let (code, out) =
+        onceflow(&["events", "redeliver", "--database-url", &url, "--reason", "the receiver was down", &ids[0]]);
     assert_eq!(code, Some(0), "{out}");
     assert!(out.contains("(0 deliveries made)"), "no endpoint yet: {out}");
     let (code, _) = onceflow(&["events", "redeliver", "--database-url", &url, "evt_nope"]);
     assert_eq!(code, Some(1), "an unknown event");
+    let (code, _) = onceflow(&["events", "redeliver", "--database-url", &url, "--reason", "bell\u{7}", &ids[0]]);
+    assert_eq!(code, Some(2), "a reason with a control character is bad usage");
+    // The redelivery is on the record, as the terminal user's, with its reason (the unknown event is not).
+    struct Audit;
+    impl OnPayments for Audit {
+        type Output = Vec<onceflow_engine::store::AuditRecord>;
+        async fn run<S: PaymentStore>(self, payments: Payments<S>) -> Self::Output {
+            payments.engine().audit(None, None, 10).await.unwrap()
+        }
+    }
+    let audit =
+        with_payments(&url, Arc::new(MockChannel::reliable()), EngineConfig::default(), 2, Audit).await.unwrap();
+    assert_eq!(audit.len(), 1, "{audit:?}");
+    let entry = &audit[0];
+    assert_eq!((entry.action.as_str(), entry.subject.as_deref()), ("redeliver", Some(ids[0].as_str())));
+    assert!(entry.actor.starts_with("cli:"), "{entry:?}");
+    assert_eq!((entry.reason.as_deref(), entry.status), (Some("the receiver was down"), Some(202)));
+    assert_eq!(entry.tenant.as_deref(), Some("acme"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

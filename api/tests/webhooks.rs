@@ -416,7 +416,9 @@ async fn tenants_see_only_their_own_and_operators_every_tenants(url: &str) {
     // Redelivery: the same id again, by its tenant or an operator.
     let again = acme.post(&format!("/v1/events/{id}/redeliver"), json!({ "endpoint": we })).await;
     assert_eq!(again.status, 202, "{}", again.text);
-    let by_ops = ops.send(Method::POST, &format!("/v1/events/{id}/redeliver"), &[], None).await;
+    // No body (every endpoint subscribed), still asked for as JSON.
+    let json_ct = [("content-type", "application/json")];
+    let by_ops = ops.send(Method::POST, &format!("/v1/events/{id}/redeliver"), &json_ct, None).await;
     assert_eq!(by_ops.status, 202, "{}", by_ops.text);
     let hits = receiver.wait_for(WITHIN, "two redeliveries", |h| h.len() == 3).await;
     assert!(hits.iter().all(|h| h.id == id));
