@@ -350,6 +350,13 @@ async fn control_characters_are_a_clients_mistake(url: String) {
     }
     let audit = operator.get(&format!("/v1/audit?workflow_id={workflow_id}")).await.json();
     assert_eq!(audit["audit"], json!([]), "nothing refused is recorded: {audit}");
+    // The console behind a proxy that forwards the name the browser used: its own origin, not another site's.
+    let proxied = [("origin", "https://ops.example"), ("x-forwarded-host", "ops.example")];
+    let asked = operator.send(reqwest::Method::POST, &path, &proxied, Some(json!({"reason": "x\u{0}"}))).await;
+    asked.assert_problem(400, "invalid_request");
+    let elsewhere = [("origin", "https://evil.example"), ("x-forwarded-host", "ops.example")];
+    let refused = operator.send(reqwest::Method::POST, &path, &elsewhere, Some(json!({}))).await;
+    refused.assert_problem(403, "forbidden");
     // A line break is a reason's own.
     let cancelled = operator.post(&path, json!({"reason": "line one\nline two"})).await;
     assert_eq!(cancelled.status, 200, "{}", cancelled.text);

@@ -46,8 +46,8 @@ pub struct ActionBody {
 /// - it says `Content-Type: application/json` (even without a body), which no page of another origin can send
 ///   without the browser asking this server first, and this server allows no other origin (`415` otherwise);
 /// - its `Sec-Fetch-Site`, when the browser sends one, is `same-origin` or `none` (`same-site` is refused too: a
-///   page on another port of `localhost` is the same site), and its `Origin`, when sent, is this server's own
-///   (`403` otherwise).
+///   page on another port of `localhost` is the same site), and its `Origin`, when sent, is this server's own:
+///   the host it was asked for (`Host`, or behind a proxy `X-Forwarded-Host`) (`403` otherwise).
 ///
 /// No body (or `null`) is `T::default()`.
 pub struct ActionJson<T>(pub T);
@@ -97,7 +97,15 @@ fn from_this_site(req: &Request) -> Result<(), ApiError> {
             .map(|a| a.as_str().to_owned())
             .or_else(|| req.headers().get(header::HOST).and_then(|v| v.to_str().ok()).map(str::to_owned))
             .ok_or_else(refused)?;
-        if !authority.eq_ignore_ascii_case(&host) {
+        // Behind a proxy that names the upstream in `Host`, the name the browser used is in `X-Forwarded-Host`: a
+        // header no page of another origin can set on a request it sends unasked.
+        let forwarded = req
+            .headers()
+            .get("x-forwarded-host")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.split(',').next())
+            .map(str::trim);
+        if !authority.eq_ignore_ascii_case(&host) && !forwarded.is_some_and(|f| authority.eq_ignore_ascii_case(f)) {
             return Err(refused());
         }
     }
