@@ -80,7 +80,7 @@ fn reserve(d: PhaseDialect, i: &RefundInput, now: i64, steps: RefundSteps, not_c
         &format!(
             "UPDATE payments SET refund_reserved = refund_reserved + $8, updated_at = $5 \
              WHERE tenant = $2 AND request_no = $7 AND status = 'succeeded' \
-             AND refunded_amount + refund_reserved + $8 <= amount AND {recorded}"
+             AND $8 <= amount - refunded_amount - refund_reserved AND {recorded}"
         ),
     ));
     let args = vec![

@@ -222,7 +222,7 @@ async fn reserve_amount(
     let done = sqlx::query(
         "UPDATE payments SET refund_reserved = refund_reserved + ?, updated_at = ? \
          WHERE tenant = ? AND request_no = ? AND status = 'succeeded' \
-         AND refunded_amount + refund_reserved + ? <= amount",
+         AND ? <= amount - refunded_amount - refund_reserved",
     )
     .bind(amount)
     .bind(now)
