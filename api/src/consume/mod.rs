@@ -338,6 +338,27 @@ async fn check_size_limit(connection: &Connection) -> Result<(), Ended> {
     Ok(())
 }
 
+/// How deep the original headers of a bad message may nest and still be kept on its dead-letter copy.
+const KEPT_HEADERS_DEPTH: usize = 8;
+
+/// How deep `table` nests (1: no table or array inside), counted only up to `limit + 1`.
+fn table_depth(table: &FieldTable, limit: usize) -> usize {
+    fn value_depth(value: &AMQPValue, limit: usize) -> usize {
+        match value {
+            AMQPValue::FieldTable(t) => table_depth(t, limit),
+            AMQPValue::FieldArray(a) if limit > 0 => {
+                1 + a.as_slice().iter().map(|v| value_depth(v, limit - 1)).max().unwrap_or(0)
+            }
+            AMQPValue::FieldArray(_) => 1,
+            _ => 0,
+        }
+    }
+    if limit == 0 {
+        return 1;
+    }
+    1 + table.inner().values().map(|v| value_depth(v, limit - 1)).max().unwrap_or(0)
+}
+
 /// How many bytes `table` takes in AMQP's encoding (its length prefix included).
 fn table_len(table: &FieldTable) -> usize {
     4 + table.inner().iter().map(|(key, value)| 1 + key.as_str().len() + value_len(value)).sum::<usize>()
@@ -366,7 +387,7 @@ fn dead_letter_headers(original: Option<&FieldTable>, detail: &str) -> FieldTabl
     let mut headers = FieldTable::default();
     if let Some(original) = original {
         let size = table_len(original);
-        if size <= KEPT_HEADERS_MAX {
+        if size <= KEPT_HEADERS_MAX && table_depth(original, KEPT_HEADERS_DEPTH) <= KEPT_HEADERS_DEPTH {
             headers = original.clone();
         } else {
             headers.insert(DROPPED_HEADER.into(), AMQPValue::LongLongInt(i64::try_from(size).unwrap_or(i64::MAX)));
