@@ -418,3 +418,34 @@ async fn a_connection_at_work_is_not_closed_for_another() {
     assert_eq!(paid.status(), 201);
     assert!(waited > Duration::from_millis(800), "the second client did not wait for the first: {waited:?}");
 }
+
+/// Found by review: a client without a key kept idle keep-alive connections by sending a cheap `401` request
+/// every few seconds, and with them pushed legitimate clients' connections out when the server made room. A
+/// `401` (no valid key) or `421` (another host) is answered with `Connection: close`, and the connection is closed:
+/// only a client with a key keeps one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_without_a_key_keeps_no_connection() {
+    let url = database("sqlite").await.unwrap();
+    let served = serve(&["--database-url", &url, "--api-keys", "acme:acme-secret-key", "--channel-url", "mock"]).await;
+    let mut c = TcpStream::connect(&served.addr).await.unwrap();
+    c.write_all(b"GET /v1/orders/O-1 HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").await.unwrap();
+    let answer = read_answer(&mut c).await;
+    assert!(answer.starts_with("HTTP/1.1 401"), "{answer}");
+    assert!(answer.to_ascii_lowercase().contains("connection: close"), "{answer}");
+    let mut rest = [0u8; 64];
+    let closed = tokio::time::timeout(Duration::from_secs(2), c.read(&mut rest)).await;
+    assert!(matches!(closed, Ok(Ok(0) | Err(_))), "the connection stayed open: {closed:?}");
+    // With a key, the connection is kept for the next request.
+    let mut c = TcpStream::connect(&served.addr).await.unwrap();
+    let keyed = b"GET /v1/orders/O-1 HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer acme-secret-key\r\n\r\n";
+    c.write_all(keyed).await.unwrap();
+    let answer = read_answer(&mut c).await;
+    assert!(answer.starts_with("HTTP/1.1 404"), "{answer}");
+    c.write_all(keyed).await.unwrap();
+    assert!(read_answer(&mut c).await.starts_with("HTTP/1.1 404"), "the keyed connection was not kept");
+
+    let open = serve(&["--database-url", &database("sqlite").await.unwrap()]).await;
+    let answer = exchange(&open.addr, b"GET /healthz HTTP/1.1\r\nHost: evil.example\r\n\r\n").await;
+    assert!(answer.starts_with("HTTP/1.1 421"), "{answer}");
+    assert!(answer.to_ascii_lowercase().contains("connection: close"), "{answer}");
+}
