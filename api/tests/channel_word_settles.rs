@@ -4,7 +4,7 @@
 //! `processing` refund; a notification whose data is not the payment's (another amount) settles nothing; a
 //! duplicate changes nothing, and one contradicting a final status changes nothing either; a notification for a
 //! payment being cancelled informs its compensation (the charge is refunded) and never makes it succeed. The
-//! money invariants hold in each.
+//! money invariants hold in each. A statement that settles a payment still `processing` settles it too.
 
 mod common;
 
@@ -155,7 +155,10 @@ async fn a_notification_settles_a_processing_charge(url: &str) {
     notify(&app, "ntf_1", "charge.succeeded", charge_data("R-1", "O-1", 1000, "succeeded")).await;
     let (status, after) = settled(Duration::from_secs(5), "processing", || payment_status(&app, "R-1")).await;
     assert_eq!(status, "succeeded", "settled by the notification");
-    assert!(after < Duration::from_millis(1500), "within about a second of the notification, not by polling: {after:?}");
+    assert!(
+        after < Duration::from_millis(1500),
+        "within about a second of the notification, not by polling: {after:?}"
+    );
     let paid = app.get("/v1/payments/R-1").await.json();
     assert_eq!(paid["charge_id"], "tc_R-1", "{paid}");
     assert_eq!(app.get("/v1/orders/O-1").await.json()["status"], "paid");
@@ -219,7 +222,8 @@ async fn a_notification_settles_a_processing_refund(url: &str) {
     channel.set_query_lag(false);
     app.order("O-1", 1000).await;
     let token = app.token().await;
-    let paid = app.pay(&token, json!({"order_no": "O-1", "amount": 1000, "currency": "CNY", "request_no": "R-1"})).await;
+    let paid =
+        app.pay(&token, json!({"order_no": "O-1", "amount": 1000, "currency": "CNY", "request_no": "R-1"})).await;
     assert_eq!(paid.status, 201, "{}", paid.text);
     channel.set_refund_mode(RefundMode::Processing);
     let token = app.token().await;
@@ -289,4 +293,49 @@ on_every_backend!(a_notification_for_a_cancelled_payment_only_informs_its_compen
     a_notification_for_a_cancelled_payment_only_informs_its_compensation_on_sqlite => sqlite,
     a_notification_for_a_cancelled_payment_only_informs_its_compensation_on_postgres => postgres,
     a_notification_for_a_cancelled_payment_only_informs_its_compensation_on_mysql => mysql,
+);
+
+/// A statement's line for a payment still `processing` settles it: reconciliation records the statement's word,
+/// and the word left to deliver wakes the payment's workflow within the next pass (every second).
+async fn a_statement_settles_a_processing_charge(url: &str) {
+    use common::channel_word::{Served, charge_line};
+    use onceflow_payments::Reconciler;
+    let (channel, app) = lagging(url).await;
+    start_paying(&app, "O-1", "R-1").await;
+    // Long enough for its waits to have grown past 6 s: the next poll is far off.
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    channel.settle_charges("succeeded");
+    let day = chrono::Utc::now().date_naive() - chrono::Duration::days(2);
+    let at = day.and_hms_opt(11, 0, 0).unwrap().and_utc().to_rfc3339();
+    let s = &channel.statements;
+    s.set(
+        "default",
+        &day.to_string(),
+        Served::Lines { lines: vec![charge_line("R-1", "O-1", 1000, "succeeded", &at)], complete: true },
+    );
+    for d in [day.pred_opt().unwrap(), day.succ_opt().unwrap()] {
+        s.set("default", &d.to_string(), Served::Lines { lines: vec![], complete: true });
+    }
+    struct Run(Arc<dyn Channel>, chrono::NaiveDate);
+    impl OnPayments for Run {
+        type Output = ();
+        async fn run<S: PaymentStore>(self, payments: Payments<S>) {
+            let reconciler = Reconciler::new(payments, self.0, accounts(), vec!["default".into()]);
+            reconciler.run_day(self.1, None).await.unwrap().expect("the lock is free");
+        }
+    }
+    let http: Arc<dyn Channel> = Arc::new(HttpChannel::new(&channel.url, Duration::from_secs(5)).unwrap());
+    with_payments(url, http.clone(), EngineConfig::default(), 4, Run(http, day)).await.unwrap();
+    let (status, after) = settled(Duration::from_secs(5), "processing", || payment_status(&app, "R-1")).await;
+    assert_eq!(status, "succeeded", "settled by the statement's word");
+    assert!(after < Duration::from_millis(2500), "within the next delivery pass: {after:?}");
+    let id = format!("statement:{day}:charge:R-1");
+    assert_eq!(outcomes(url, "charge", "R-1").await, [(id, Some("settled".to_owned()))]);
+    invariants_hold(url, &channel).await;
+}
+
+on_every_backend!(a_statement_settles_a_processing_charge:
+    a_statement_settles_a_processing_charge_on_sqlite => sqlite,
+    a_statement_settles_a_processing_charge_on_postgres => postgres,
+    a_statement_settles_a_processing_charge_on_mysql => mysql,
 );

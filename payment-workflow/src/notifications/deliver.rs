@@ -26,7 +26,8 @@ pub enum Delivered {
     /// The workflow holding its number was woken: its attempt applies the word now (or, when another process
     /// runs it, at its next attempt, within seconds).
     Woken(Woken),
-    /// Marked taken up as this, without any workflow: a final status, no holder.
+    /// Marked taken up as this, without any workflow: a final status, no holder, a workflow ended without
+    /// settling it.
     Marked(WordOutcome),
     /// Nothing to do now (its workflow is between two states): delivered again by the next pass.
     Later,
@@ -47,8 +48,41 @@ pub async fn deliver_word<S: PaymentStore>(
     engine: &Engine<S>,
     word: &ChannelWord,
 ) -> Result<Delivered, onceflow_engine::Error> {
-    let store = engine.store();
-    let holder = match word.kind.as_str() {
+    let outcome = match holder(engine.store(), word).await? {
+        Holder::Open(workflow_id) => match engine.wake(&workflow_id).await {
+            Ok(woken) => {
+                tracing::info!(%workflow_id, id = %word.notification_id, number = %word.number, ?woken,
+                    "the channel's word delivered: the workflow holding its number is woken");
+                return Ok(Delivered::Woken(woken));
+            }
+            Err(onceflow_engine::Error::ShuttingDown) => return Ok(Delivered::Later),
+            // Ended: settled meanwhile (its record final now), or ended without settling (compensation_failed,
+            // its record still processing), for an operator.
+            Err(onceflow_engine::Error::InvalidState { .. } | onceflow_engine::Error::NotFound(_)) => {
+                match holder(engine.store(), word).await? {
+                    Holder::Open(_) => WordOutcome::ForOperator,
+                    Holder::None => WordOutcome::Unheld,
+                    Holder::Final(outcome) => outcome,
+                }
+            }
+            Err(e) => return Err(e),
+        },
+        Holder::None => WordOutcome::Unheld,
+        Holder::Final(outcome) => outcome,
+    };
+    if matches!(outcome, WordOutcome::Contradicts | WordOutcome::NotOurs | WordOutcome::ForOperator) {
+        metrics::counter!("onceflow_channel_word_exceptions_total", "outcome" => outcome.as_str()).increment(1);
+        tracing::warn!(tenant = %word.tenant, kind = %word.kind, number = %word.number, status = %word.status,
+            id = %word.notification_id, source = %word.source, outcome = outcome.as_str(),
+            "the channel's word settles nothing of onceflow's record: nothing changed, an exception for operators");
+    }
+    mark_all(engine.store(), std::slice::from_ref(word), outcome).await;
+    Ok(Delivered::Marked(outcome))
+}
+
+/// What holds `word`'s number.
+async fn holder<S: PaymentStore>(store: &S, word: &ChannelWord) -> Result<Holder, sqlx::Error> {
+    Ok(match word.kind.as_str() {
         "charge" => match RequestNo::parse(word.number.clone()) {
             Ok(no) => match store.payment(&word.tenant, &no).await? {
                 Some(p) if p.status == PaymentStatus::Processing => Holder::Open(payment_workflow_id(&p.token)),
@@ -59,35 +93,7 @@ pub async fn deliver_word<S: PaymentStore>(
         },
         "refund" => refund_holder(store, word).await?,
         _ => Holder::None,
-    };
-    let outcome = match holder {
-        Holder::Open(workflow_id) => {
-            return match engine.wake(&workflow_id).await {
-                Ok(woken) => {
-                    tracing::info!(%workflow_id, id = %word.notification_id, number = %word.number, ?woken,
-                        "the channel's word delivered: the workflow holding its number is woken");
-                    Ok(Delivered::Woken(woken))
-                }
-                // Ended meanwhile (the next pass finds it final), or the engine is stopping.
-                Err(
-                    onceflow_engine::Error::InvalidState { .. }
-                    | onceflow_engine::Error::NotFound(_)
-                    | onceflow_engine::Error::ShuttingDown,
-                ) => Ok(Delivered::Later),
-                Err(e) => Err(e),
-            };
-        }
-        Holder::None => WordOutcome::Unheld,
-        Holder::Final(outcome) => outcome,
-    };
-    if matches!(outcome, WordOutcome::Contradicts | WordOutcome::NotOurs) {
-        metrics::counter!("onceflow_channel_word_exceptions_total", "outcome" => outcome.as_str()).increment(1);
-        tracing::warn!(tenant = %word.tenant, kind = %word.kind, number = %word.number, status = %word.status,
-            id = %word.notification_id, source = %word.source, outcome = outcome.as_str(),
-            "the channel's word does not agree with onceflow's final record: nothing changed, an exception for operators");
-    }
-    mark_all(store, std::slice::from_ref(word), outcome).await;
-    Ok(Delivered::Marked(outcome))
+    })
 }
 
 /// What holds a refund word's number: a merchant's refund, or the compensation of a payment being cancelled

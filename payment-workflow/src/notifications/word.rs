@@ -26,6 +26,9 @@ pub enum WordOutcome {
     NotOurs,
     /// onceflow holds no payment or refund under its number: kept as evidence for reconciliation.
     Unheld,
+    /// The workflow holding its number ended without settling it (`compensation_failed`): left for an operator,
+    /// whose retry of the workflow reads it like any word on its number.
+    ForOperator,
 }
 
 impl WordOutcome {
@@ -38,6 +41,7 @@ impl WordOutcome {
             Self::Contradicts => "contradicts",
             Self::NotOurs => "not_ours",
             Self::Unheld => "unheld",
+            Self::ForOperator => "operator",
         }
     }
 }
@@ -173,4 +177,54 @@ pub(crate) async fn word_on_refund<S: ChannelWordStore>(
     let ours = |r: &Refund| r.matches(request);
     let status = |r: &Refund| format!("{:?}", r.status);
     word_on(store, tenant, "refund", &request.merchant_refund_no, refund_of, ours, status).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::channel::ChargeStatus;
+
+    fn word(source: &str, body: serde_json::Value) -> ChannelWord {
+        ChannelWord {
+            merchant_id: "acme".into(),
+            notification_id: "ntf_1".into(),
+            source: source.into(),
+            tenant: "acme".into(),
+            kind: "charge".into(),
+            number: "R-1".into(),
+            status: "succeeded".into(),
+            amount: 1000,
+            body: body.to_string(),
+            received_at: 0,
+            applied_at: None,
+            outcome: None,
+        }
+    }
+
+    #[test]
+    fn a_notification_and_a_statement_line_read_as_the_charge_they_report() {
+        let request = ChargeRequest {
+            merchant_id: "tenant-name".into(),
+            merchant_request_no: "R-1".into(),
+            order_no: "O-1".into(),
+            amount: 1000,
+            currency: "CNY".into(),
+            notify_url: None,
+        };
+        let data = serde_json::json!({"merchant_id": "acme", "merchant_request_no": "R-1", "charge_id": "c1",
+            "amount": 1000, "currency": "CNY", "order_no": "O-1"});
+        let notified = charge_of(&word("notification", serde_json::json!({"id": "ntf_1", "data": data}))).unwrap();
+        assert_eq!(notified.status, ChargeStatus::Succeeded, "the status is the word's");
+        assert!(notified.matches(&request), "the merchant was checked against the signer's, then left out");
+        let line = serde_json::json!({"kind": "charge", "merchant_request_no": "R-1", "charge_id": "c1",
+            "order_no": "O-1", "amount": 1000, "currency": "CNY", "status": "succeeded", "settled_at": "x"});
+        assert!(charge_of(&word("statement", line)).unwrap().matches(&request));
+
+        let foreign = serde_json::json!({"data": {"merchant_id": "globex", "merchant_request_no": "R-1",
+            "charge_id": "c1", "amount": 1000, "currency": "CNY"}});
+        assert!(charge_of(&word("notification", foreign)).is_none(), "data of another merchant than the signer");
+        let other = serde_json::json!({"data": {"merchant_request_no": "R-1", "charge_id": "c1", "amount": 999,
+            "currency": "CNY"}});
+        assert!(!charge_of(&word("notification", other)).unwrap().matches(&request), "another amount");
+    }
 }

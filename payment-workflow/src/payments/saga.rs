@@ -13,8 +13,8 @@ use onceflow_engine::{
 };
 
 use super::charge::{ChargeOutcome, Undone, charge, undo_charge};
-use crate::notifications::Words;
 use crate::model::PaymentInput;
+use crate::notifications::Words;
 
 /// The payment workflow type.
 pub struct PaymentSaga {
@@ -101,8 +101,7 @@ impl PaymentSaga {
         let channel = &self.channel;
         let store = ctx.store().clone();
         let words = Words { store: &store, tenant: &i.tenant };
-        let outcome =
-            ctx.external(charge_spec, |attempt| charge(channel.as_ref(), &words, &request, attempt)).await?;
+        let outcome = ctx.external(charge_spec, |attempt| charge(channel.as_ref(), &words, &request, attempt)).await?;
         let charge_id = outcome.charge_id(i)?;
 
         // 5, one commit with the channel's outcome: paid, succeeded, the token's response stored.
