@@ -58,9 +58,9 @@ macro_rules! backend_test {
 
 const SECRET: &str = "whsec_acme_1";
 
-/// Tenant `default`'s merchant is `default`, with [`SECRET`].
+/// Tenant `default`'s merchant is `default`, with [`SECRET`]; tenant `globex`'s is `globex`, with its own.
 fn accounts() -> ChannelAccounts {
-    ChannelAccounts::new(Vec::new(), vec![("default".into(), SECRET.into())])
+    ChannelAccounts::new(Vec::new(), vec![("default".into(), SECRET.into()), ("globex".into(), "whsec_globex".into())])
 }
 
 /// A channel holding every new charge `processing`, its queries and closes lagging (answering `processing`
@@ -114,10 +114,15 @@ fn charge_data(no: &str, order_no: &str, amount: i64, status: &str) -> Value {
         "amount": amount, "currency": "CNY", "order_no": order_no})
 }
 
-/// Sends the notification `id` of `kind` with `data`, signed now: its status.
+/// Sends the notification `id` of `kind` with `data` from merchant `default`, signed now: its status.
 async fn notify(app: &App, id: &str, kind: &str, data: Value) -> u16 {
-    let body = notification(id, kind, "default", data).to_string();
-    let (status, text) = send(&app.base, body.as_bytes(), Some(&sign(body.as_bytes(), now_secs(), &[SECRET]))).await;
+    notify_as(app, "default", SECRET, id, kind, data).await
+}
+
+/// Sends the notification `id` of `kind` with `data` from `merchant`, signed now with `secret`: its status.
+async fn notify_as(app: &App, merchant: &str, secret: &str, id: &str, kind: &str, data: Value) -> u16 {
+    let body = notification(id, kind, merchant, data).to_string();
+    let (status, text) = send(&app.base, body.as_bytes(), Some(&sign(body.as_bytes(), now_secs(), &[secret]))).await;
     assert_eq!(status, 204, "{text}");
     status
 }
@@ -180,8 +185,12 @@ async fn only_the_payments_own_word_settles_it(url: &str) {
     start_paying(&app, "O-1", "R-1").await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     notify(&app, "ntf_other", "charge.succeeded", charge_data("R-1", "O-1", 999, "succeeded")).await;
+    // Another tenant's merchant, under the same number (numbers are unique per merchant only).
+    let mut theirs = charge_data("R-1", "O-1", 1000, "succeeded");
+    theirs["merchant_id"] = json!("globex");
+    notify_as(&app, "globex", "whsec_globex", "ntf_globex", "charge.succeeded", theirs).await;
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    assert_eq!(payment_status(&app, "R-1").await, "processing", "another amount settles nothing");
+    assert_eq!(payment_status(&app, "R-1").await, "processing", "another amount, another tenant: nothing settled");
     assert_eq!(outcomes(url, "charge", "R-1").await, [("ntf_other".to_owned(), Some("not_ours".to_owned()))]);
 
     channel.settle_charges("succeeded");
@@ -338,4 +347,30 @@ on_every_backend!(a_statement_settles_a_processing_charge:
     a_statement_settles_a_processing_charge_on_sqlite => sqlite,
     a_statement_settles_a_processing_charge_on_postgres => postgres,
     a_statement_settles_a_processing_charge_on_mysql => mysql,
+);
+
+/// A notification that arrives while the charge's own request is still in flight (before its answer): the
+/// answer, `processing`, is followed at once by an attempt that takes the notification's word.
+async fn a_notification_before_the_charges_answer(url: &str) {
+    let channel = TestChannel::serve(Duration::from_secs(2), false).await;
+    channel.set_charge_mode(ChargeMode::Processing);
+    channel.set_query_lag(true);
+    let http: Arc<dyn Channel> = Arc::new(HttpChannel::new(&channel.url, Duration::from_secs(5)).unwrap());
+    let app = start_with_accounts(url, http, Auth::SingleTenant, accounts()).await;
+    let started = Instant::now();
+    start_paying(&app, "O-1", "R-1").await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    notify(&app, "ntf_1", "charge.succeeded", charge_data("R-1", "O-1", 1000, "succeeded")).await;
+    let (status, _) = settled(Duration::from_secs(5), "processing", || payment_status(&app, "R-1")).await;
+    assert_eq!(status, "succeeded");
+    let total = started.elapsed();
+    assert!(total < Duration::from_millis(3000), "settled as soon as the answer came (held 2 s): {total:?}");
+    channel.settle_charges("succeeded");
+    invariants_hold(url, &channel).await;
+}
+
+on_every_backend!(a_notification_before_the_charges_answer:
+    a_notification_before_the_charges_answer_on_sqlite => sqlite,
+    a_notification_before_the_charges_answer_on_postgres => postgres,
+    a_notification_before_the_charges_answer_on_mysql => mysql,
 );
