@@ -151,6 +151,12 @@ impl<S: Store> WorkflowContext<S> {
         self.replay.history.get(key)
     }
 
+    /// The store, for what an attempt reads outside the workflow's own phases (evidence delivered from outside,
+    /// say): its writes are not the workflow's and are not rolled back with it.
+    pub fn store(&self) -> &S {
+        &self.core.store
+    }
+
     /// Now, by the engine's clock (milliseconds since the epoch).
     pub fn now_ms(&self) -> i64 {
         self.core.now()

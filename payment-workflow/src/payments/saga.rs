@@ -14,11 +14,13 @@ use onceflow_engine::{
 
 use super::charge::{ChargeOutcome, Undone, charge, undo_charge};
 use crate::model::PaymentInput;
+use crate::notifications::Words;
 
 /// The payment workflow type.
 pub struct PaymentSaga {
     channel: Arc<dyn Channel>,
     channel_retry: RetryPolicy,
+    pending_retry: RetryPolicy,
 }
 
 impl PaymentSaga {
@@ -31,7 +33,7 @@ impl PaymentSaga {
             max_attempts: 20,
             jitter: true,
         };
-        Self { channel, channel_retry }
+        Self { channel, channel_retry, pending_retry: super::pending_retry() }
     }
 }
 
@@ -69,7 +71,10 @@ impl PaymentSaga {
     ) -> Result<StoredResponse, Interrupt> {
         let now = ctx.now_ms();
         let i = &input;
-        let charge_spec = step("call_channel").retry(self.channel_retry).compensate_with("refund", ());
+        let charge_spec = step("call_channel")
+            .retry(self.channel_retry)
+            .pending_retry(self.pending_retry)
+            .compensate_with("refund", ());
 
         // 1–3, one atomic phase: claim the token, insert the record, reserve the order. A token that cannot be
         // claimed (checked by the service before; only an expiry in between gets here) or an unknown order
@@ -94,7 +99,9 @@ impl PaymentSaga {
         // request_no, never by a new one.
         let request = i.charge_request();
         let channel = &self.channel;
-        let outcome = ctx.external(charge_spec, |attempt| charge(channel.as_ref(), &request, attempt)).await?;
+        let store = ctx.store().clone();
+        let words = Words { store: &store, tenant: &i.tenant };
+        let outcome = ctx.external(charge_spec, |attempt| charge(channel.as_ref(), &words, &request, attempt)).await?;
         let charge_id = outcome.charge_id(i)?;
 
         // 5, one commit with the channel's outcome: paid, succeeded, the token's response stored.
@@ -133,8 +140,11 @@ impl PaymentSaga {
                     Some(ChargeOutcome::Refused { after_unknown: true, .. }) | None => None,
                 };
                 let channel = &self.channel;
-                let undo = |_| undo_charge(channel.as_ref(), &i, charged.clone());
-                let undone = ctx.external(step("refund").retry(self.channel_retry), undo).await?;
+                let store = ctx.store().clone();
+                let words = Words { store: &store, tenant: &i.tenant };
+                let undo = |_| undo_charge(channel.as_ref(), &words, &i, charged.clone());
+                let spec = step("refund").retry(self.channel_retry).pending_retry(self.pending_retry);
+                let undone = ctx.external(spec, undo).await?;
                 if let Undone::Kept { charge_id, why, refunded } = undone {
                     return keep_charge(ctx, &i, now, Kept { charge_id, why, refunded }).await;
                 }

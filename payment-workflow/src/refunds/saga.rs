@@ -19,6 +19,7 @@ use super::answer::{exceeds, not_refundable, number_in_use, refund_failed};
 use super::call::{RefundOutcome, call_refund};
 use crate::channel::Channel;
 use crate::model::{Problem, RefundInput, RefundRecorded, RefundState, StoredResponse};
+use crate::notifications::Words;
 use crate::store::{PaymentStore, RefundEnd, RefundReserve, RefundSteps};
 
 /// The refund workflow type.
@@ -70,7 +71,10 @@ impl<S: PaymentStore> Workflow<S> for RefundSaga {
     async fn run(&self, ctx: &mut WorkflowContext<S>, input: RefundInput) -> Result<StoredResponse, Interrupt> {
         let now = ctx.now_ms();
         let i = &input;
-        let call_spec = step("call_refund").retry(self.channel_retry).compensate_with("settle_refund", ());
+        let call_spec = step("call_refund")
+            .retry(self.channel_retry)
+            .pending_retry(crate::payments::pending_retry())
+            .compensate_with("settle_refund", ());
 
         // 1–3, one atomic phase: claim the token, record the refund, reserve its amount. A token that cannot be
         // claimed (checked by the service before; only an expiry in between gets here) or a payment the tenant
@@ -96,7 +100,10 @@ impl<S: PaymentStore> Workflow<S> for RefundSaga {
         // (same number, same amount), never a new number.
         let request = i.refund_request();
         let channel = &self.channel;
-        let outcome = ctx.external(call_spec, |attempt| call_refund(channel.as_ref(), &request, attempt)).await?;
+        let store = ctx.store().clone();
+        let words = Words { store: &store, tenant: &i.tenant };
+        let outcome =
+            ctx.external(call_spec, |attempt| call_refund(channel.as_ref(), &words, &request, attempt)).await?;
         let refund_id = match outcome {
             RefundOutcome::Refunded { refund_id } => refund_id,
             RefundOutcome::Failed { .. } => {
@@ -137,8 +144,11 @@ impl<S: PaymentStore> Workflow<S> for RefundSaga {
                     None => {
                         let request = i.refund_request();
                         let channel = &self.channel;
-                        let settle = step("settle").retry(self.channel_retry);
-                        match ctx.external(settle, |a| call_refund(channel.as_ref(), &request, a)).await? {
+                        let settle =
+                            step("settle").retry(self.channel_retry).pending_retry(crate::payments::pending_retry());
+                        let store = ctx.store().clone();
+                        let words = Words { store: &store, tenant: &i.tenant };
+                        match ctx.external(settle, |a| call_refund(channel.as_ref(), &words, &request, a)).await? {
                             RefundOutcome::Failed { .. } => return Ok(()),
                             RefundOutcome::Refunded { refund_id } => refund_id,
                         }
