@@ -1,7 +1,7 @@
 //! Every outcome's event (contracts/events.md, issue 32's second part) over HTTP, on every backend, against a
 //! channel written from the protocol alone (`common::channel`): a payment answered `201` has its
-//! `payment.succeeded`, a declined one its `payment.declined`, one whose number is another charge's its
-//! `payment.failed`, one an operator cancelled after its charge was taken its `payment.refunded`, one whose
+//! `payment.succeeded`, a declined one its `payment.declined`, one the channel refused (its number holds another
+//! charge) its `payment.failed`, one an operator cancelled after its charge was taken its `payment.refunded`, one whose
 //! refund the channel would not make (kept after a failed refund) its `payment.succeeded`; refunds partial and
 //! whole their `refund.succeeded` (and no `payment.refunded`: merchant refunds never emit it), refused or failed
 //! ones their `refund.failed`. Each appears in `GET /v1/events` once, its data the payment or refund as its `GET`
@@ -102,7 +102,12 @@ async fn log(app: &App) -> Vec<Value> {
 async fn events_of(app: &App, key: &str, number: &str, expected: usize) -> Vec<Value> {
     let started = Instant::now();
     let mine = |events: Vec<Value>| -> Vec<Value> {
-        events.into_iter().filter(|e| e["data"][key] == number && (key != "request_no" || e["type"].as_str().unwrap().starts_with("payment."))).collect()
+        events
+            .into_iter()
+            .filter(|e| {
+                e["data"][key] == number && (key != "request_no" || e["type"].as_str().unwrap().starts_with("payment."))
+            })
+            .collect()
     };
     loop {
         let found = mine(log(app).await);
@@ -250,13 +255,13 @@ async fn payments_write_their_outcomes_events(url: &str) {
     channel.set_refund_mode(RefundMode::Succeed);
     channel.set_charge_mode(ChargeMode::Succeed);
 
-    // The number another charge's at the channel: failed.
+    // Refused by the channel (its number holds another charge, of other fields): failed.
     let other = json!({"merchant_id": "default", "merchant_request_no": "P-6", "order_no": "elsewhere",
         "amount": 1, "currency": "CNY"});
     let made = reqwest::Client::new().post(format!("{}/v1/charges", channel.url)).json(&other).send().await.unwrap();
     assert!(made.status().is_success());
     let (_, conflict) = pay(&app, "O-6", 600, "P-6", 10).await;
-    conflict.assert_problem(409, "request_no_conflict");
+    conflict.assert_problem(422, "channel_refused");
     let e = payment_event(&app, "P-6", "payment.failed").await;
     assert_eq!(e["data"]["status"], "failed");
 
@@ -317,7 +322,9 @@ async fn refunds_write_their_outcomes_events(url: &str) {
     assert!(log.iter().all(|e| e["type"] != "payment.refunded"), "{log:?}");
     let kinds: Vec<(&str, &str)> = log
         .iter()
-        .map(|e| (e["type"].as_str().unwrap(), e["data"]["refund_no"].as_str().or(e["data"]["request_no"].as_str()).unwrap()))
+        .map(|e| {
+            (e["type"].as_str().unwrap(), e["data"]["refund_no"].as_str().or(e["data"]["request_no"].as_str()).unwrap())
+        })
         .collect();
     let mut kinds = kinds;
     kinds.sort_unstable();
