@@ -44,7 +44,7 @@ impl PaymentInput {
             workflow_id: Some(payment_workflow_id(&self.token)),
             ..self.payment_body(status, charge_id)
         };
-        NewEvent::payment(&self.tenant, self.request_no.as_str(), kind, view.render(), now)
+        traced(NewEvent::payment(&self.tenant, self.request_no.as_str(), kind, view.render(), now))
     }
 }
 
@@ -56,7 +56,7 @@ impl RefundInput {
             Ok(body) => RefundBody { workflow_id: Some(refund_workflow_id(&self.token)), ..body }.render(),
             Err(_) => response.body.clone(),
         };
-        NewEvent::refund(&self.tenant, self.refund_no.as_str(), EventType::RefundSucceeded, data, now)
+        traced(NewEvent::refund(&self.tenant, self.refund_no.as_str(), EventType::RefundSucceeded, data, now))
     }
 }
 
@@ -69,6 +69,12 @@ impl RefundRecord {
             super::RefundState::Failed => EventType::RefundFailed,
             super::RefundState::Processing => return None,
         };
-        Some(NewEvent::refund(&self.tenant, self.refund_no.as_str(), kind, self.view().render(), now))
+        Some(traced(NewEvent::refund(&self.tenant, self.refund_no.as_str(), kind, self.view().render(), now)))
     }
+}
+
+/// `event` with the trace context of the span it is written in (the workflow's run, a child of the trace that
+/// started the payment or refund), which its deliveries carry as `traceparent`; none when it is not traced.
+fn traced(event: NewEvent) -> NewEvent {
+    NewEvent { traceparent: onceflow_engine::trace::current(), ..event }
 }
