@@ -1,11 +1,11 @@
-//! Every outcome's event (contracts/events.md, issue 32's second part) over HTTP, on every backend, against a
-//! channel written from the protocol alone (`common::channel`): a payment answered `201` has its
-//! `payment.succeeded`, a declined one its `payment.declined`, one the channel refused (its number holds another
-//! charge) its `payment.failed`, one an operator cancelled after its charge was taken its `payment.refunded`, one whose
-//! refund the channel would not make (kept after a failed refund) its `payment.succeeded`; refunds partial and
-//! whole their `refund.succeeded` (and no `payment.refunded`: merchant refunds never emit it), refused or failed
-//! ones their `refund.failed`. Each appears in `GET /v1/events` once, its data the payment or refund as its `GET`
-//! answers it; repeats write no second one; a payment refused before its channel step writes none.
+//! Every outcome's event (contracts/events.md, issue 32's second part) over HTTP, on every backend, against a channel
+//! written from the protocol alone (`common::channel`): a payment answered `201` has its `payment.succeeded`, a
+//! declined one its `payment.declined`, one the channel refused (its number holds another charge) its `payment.failed`,
+//! one an operator cancelled after its charge was taken its `payment.refunded`, one whose refund the channel would not
+//! make (kept after a failed refund) its `payment.succeeded`; refunds partial and whole their `refund.succeeded` (and
+//! no `payment.refunded`: merchant refunds never emit it), refused or failed ones their `refund.failed`; one cancelled
+//! before any charge its `payment.failed`. Each appears in `GET /v1/events` once, its data the payment or refund as its
+//! `GET` answers it; repeats write no second one; a payment refused before its channel step writes none.
 
 mod common;
 
@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use common::App;
 use common::channel::{ChargeMode, RefundMode, TestChannel};
 use onceflow_api::Auth;
-use onceflow_payments::{HttpChannel, Token, payment_workflow_id};
+use onceflow_payments::{HttpChannel, MockChannel, MockChannelConfig, Token, payment_workflow_id};
 use reqwest::Method;
 use serde_json::{Value, json};
 
@@ -339,4 +339,25 @@ async fn refunds_write_their_outcomes_events(url: &str) {
             ("refund.succeeded", "RF-2"),
         ]
     );
+}
+
+on_every_backend!(a_payment_cancelled_before_any_charge_writes_payment_failed:
+    cancelled_uncharged_sqlite => sqlite, cancelled_uncharged_postgres => postgres,
+    cancelled_uncharged_mysql => mysql);
+
+/// A payment whose channel answers every charge `500` before charging (its call retried), cancelled by an
+/// operator: the compensation closes the number (nothing was taken) and the payment ends `failed` with its
+/// one `payment.failed`.
+async fn a_payment_cancelled_before_any_charge_writes_payment_failed(url: &str) {
+    let failing = MockChannelConfig { error_before_rate: 1.0, ..Default::default() };
+    let app = common::start(url, Arc::new(MockChannel::new(failing)), Auth::SingleTenant).await;
+    let (token, held) = pay(&app, "O-1", 1000, "P-1", 1).await;
+    assert_eq!(held.status, 202, "{}", held.text);
+    let workflow = payment_workflow_id(&Token::parse(&token).unwrap());
+    let cancel = app.post(&format!("/v1/workflows/{workflow}/cancel"), json!({})).await;
+    assert_eq!(cancel.status, 200, "{}", cancel.text);
+    assert_eq!(final_state(&app, &workflow).await, "cancelled");
+    let e = payment_event(&app, "P-1", "payment.failed").await;
+    assert_eq!((e["data"]["status"].as_str(), e["data"]["refunded_amount"].as_i64()), (Some("failed"), Some(0)));
+    assert!(e["data"].get("charge_id").is_none(), "{e}");
 }
