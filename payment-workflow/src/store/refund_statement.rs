@@ -184,7 +184,7 @@ fn confirm(
              updated_at = $5 WHERE token = $6 AND state = 'in_use' AND {ended}"
         ),
     ));
-    let args = vec![
+    let mut args = vec![
         SqlArg::Text(i.tenant.clone()),
         SqlArg::Text(i.refund_no.as_str().to_owned()),
         SqlArg::Text(i.request_no.as_str().to_owned()),
@@ -199,7 +199,6 @@ fn confirm(
     let confirmed = format!("{ended} AND {moved} AND {}", d.wrote("r_token"));
     // The outbox: the refund's `refund.succeeded`, written only with the outcome (and once: its id is the
     // refund's). Not part of the guard: an event already there is no reason to refuse the outcome.
-    let mut args = args;
     let event = outbox::phase_insert(&i.succeeded_event(response, now), &confirmed, &mut args);
     parts.extend(d.write("r_event", &event));
     StatementPhase::new(parts, args, vec![PhaseStep::new(spec, "$10")]).guard(confirmed, not_processing)

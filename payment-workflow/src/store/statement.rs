@@ -177,7 +177,7 @@ fn confirm(
              updated_at = $5 WHERE token = $6 AND state = 'in_use' AND {paying}"
         ),
     ));
-    let args = vec![
+    let mut args = vec![
         SqlArg::Text(i.tenant.clone()),
         SqlArg::Text(i.order_no.as_str().to_owned()),
         SqlArg::Text(i.request_no.as_str().to_owned()),
@@ -192,7 +192,6 @@ fn confirm(
     // The outbox: the payment's `payment.succeeded`, written only with the outcome (and once: its id is the
     // payment's). Not part of the guard: an event already there is no reason to refuse the outcome.
     let end = PaymentEnd::Succeeded { charge_id: charge_id.to_owned(), refunded: 0 };
-    let mut args = args;
     let event = outbox::phase_insert(&i.event(&end, now), &paid, &mut args);
     parts.extend(d.write("p_event", &event));
     StatementPhase::new(parts, args, vec![PhaseStep::new(spec, "$9")]).guard(paid, not_paying)

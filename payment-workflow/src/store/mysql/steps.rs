@@ -1,7 +1,7 @@
 //! The saga's steps on MySQL / MariaDB: each phase's writes as closure steps sharing the workflow's
 //! transaction, which commits with the next external step (phase 1, with the channel call's intent) or the
-//! workflow's end (phase 2, with the payment's event: the outbox). Step outputs are the JSON the statement phases of Postgres and SQLite return, so a
-//! workflow's rows read the same on every backend.
+//! workflow's end (phase 2, with the payment's event: the outbox). Step outputs are the JSON the statement
+//! phases of Postgres and SQLite return, so a workflow's rows read the same on every backend.
 
 use onceflow_engine::{BoxFuture, Failure, Interrupt, MySqlStore, StepError, StepSpec, WorkflowContext};
 use sqlx::MySqlConnection;
