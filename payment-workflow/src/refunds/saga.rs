@@ -17,6 +17,7 @@ use onceflow_engine::{BoxFuture, Compensation, Failure, Interrupt, RetryPolicy, 
 
 use super::answer::{exceeds, not_refundable, number_in_use, refund_failed};
 use super::call::{RefundOutcome, call_refund};
+use super::end::end_with_event;
 use crate::channel::Channel;
 use crate::model::{Problem, RefundInput, RefundRecorded, RefundState, StoredResponse};
 use crate::notifications::Words;
@@ -164,7 +165,7 @@ impl<S: PaymentStore> Workflow<S> for RefundSaga {
                 }
                 ctx.transactional("release_amount", move |c| -> BoxFuture<'_, _> {
                     Box::pin(async move {
-                        S::end_refund(c, i, RefundEnd::Released, now).await?;
+                        end_with_event::<S>(c, i, RefundEnd::Released, now).await?;
                         Ok(())
                     })
                 })
@@ -176,7 +177,7 @@ impl<S: PaymentStore> Workflow<S> for RefundSaga {
                 }
                 ctx.transactional("fail_refund", move |c| -> BoxFuture<'_, _> {
                     Box::pin(async move {
-                        S::end_refund(c, i, RefundEnd::Rejected, now).await?;
+                        end_with_event::<S>(c, i, RefundEnd::Rejected, now).await?;
                         Ok(())
                     })
                 })
@@ -213,7 +214,7 @@ async fn confirm_after_all<S: PaymentStore>(
     ctx.transactional("confirm_refund", move |c| -> BoxFuture<'_, _> {
         Box::pin(async move {
             let (tenant, refund_no, token) = (i.tenant.clone(), i.refund_no.clone(), i.token.clone());
-            if !S::end_refund(&mut *c, i, RefundEnd::Succeeded { refund_id }, now).await? {
+            if !end_with_event::<S>(&mut *c, i, RefundEnd::Succeeded { refund_id }, now).await? {
                 return Ok(());
             }
             if let Some(record) = S::refund_in(&mut *c, tenant, refund_no).await? {
@@ -251,7 +252,7 @@ async fn reject<S: PaymentStore>(
                 }
             };
             if rejection != Rejection::NumberInUse {
-                S::end_refund(&mut *c, input, RefundEnd::Rejected, now).await?;
+                end_with_event::<S>(&mut *c, input, RefundEnd::Rejected, now).await?;
             }
             let response = answer.response();
             S::complete_token(&mut *c, token, i32::from(response.status), response.body.clone(), now).await?;
