@@ -226,6 +226,8 @@ impl OnPayments for Serve {
         let reconciler = onceflow_payments::Reconciler::new(payments.clone(), channel, accounts.clone(), tenants);
         let reconciling = reconciler.spawn_daily(args.channel_word.reconcile_at);
         let unresolved = spawn_unresolved_warnings(payments.clone(), args.unresolved_warn);
+        // The channel's word left to deliver (recorded while another process ran its workflow, a statement's).
+        let words = onceflow_payments::spawn_word_delivery(payments.engine().clone(), WORD_DELIVERY);
         if http {
             crate::metrics::install();
             let listener = tokio::net::TcpListener::bind(args.listen)
@@ -254,9 +256,13 @@ impl OnPayments for Serve {
         // An attempt in flight is dropped: its lease expires and a process sends it again, with the same id.
         deliveries.abort();
         reconciling.abort();
+        words.abort();
         Ok(())
     }
 }
+
+/// How often `serve` and `worker` deliver the channel's words not taken up yet.
+const WORD_DELIVERY: Duration = Duration::from_secs(1);
 
 /// What the HTTP server of `args` allows its clients.
 fn http_limits(args: &ServeArgs) -> crate::server::Limits {

@@ -149,6 +149,7 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let open = Arc::new(Open { started: Instant::now(), connections: Mutex::new(Vec::new()), changed: Notify::new() });
     let max = limits.max_connections.max(1);
+    let header_read_timeout = limits.header_read_timeout;
     let stopping = CancellationToken::new();
     let mut tasks = JoinSet::new();
     let mut http = http1::Builder::new();
@@ -208,16 +209,21 @@ pub async fn serve(
         tasks.spawn(async move {
             let mut served = std::pin::pin!(served);
             // A client that leaves or is cut off ends its connection; nothing to report.
+            // How long the answer in progress may still take: none, all it needs (a shutdown drains), or the
+            // time a request's head gets (a connection closed to make room no longer counts toward the limit,
+            // so it must not linger).
             let finish = tokio::select! {
-                _ = served.as_mut() => false,
+                _ = served.as_mut() => None,
                 // Making room: between requests at once (dropping the connection drops its socket); during one,
                 // once it is answered (its body, if still being read, cut short with a `408`).
-                () = connection.close.cancelled() => connection.in_request.load(Ordering::Relaxed),
-                () = stopping.cancelled() => true,
+                () = connection.close.cancelled() => {
+                    connection.in_request.load(Ordering::Relaxed).then_some(header_read_timeout)
+                }
+                () = stopping.cancelled() => Some(DRAIN),
             };
-            if finish {
+            if let Some(within) = finish {
                 served.as_mut().graceful_shutdown();
-                let _ = served.await;
+                let _ = tokio::time::timeout(within, served).await;
             }
             open.remove(id);
         });

@@ -418,3 +418,69 @@ async fn a_connection_at_work_is_not_closed_for_another() {
     assert_eq!(paid.status(), 201);
     assert!(waited > Duration::from_millis(800), "the second client did not wait for the first: {waited:?}");
 }
+
+/// Found by review: a client without a key kept idle keep-alive connections by sending a cheap `401` request
+/// every few seconds, and with them pushed legitimate clients' connections out when the server made room. A
+/// `401` (no valid key) or `421` (another host) is answered with `Connection: close`, and the connection is closed:
+/// only a client with a key keeps one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_without_a_key_keeps_no_connection() {
+    let url = database("sqlite").await.unwrap();
+    let served = serve(&["--database-url", &url, "--api-keys", "acme:acme-secret-key", "--channel-url", "mock"]).await;
+    let mut c = TcpStream::connect(&served.addr).await.unwrap();
+    c.write_all(b"GET /v1/orders/O-1 HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").await.unwrap();
+    let answer = read_answer(&mut c).await;
+    assert!(answer.starts_with("HTTP/1.1 401"), "{answer}");
+    assert!(answer.to_ascii_lowercase().contains("connection: close"), "{answer}");
+    let mut rest = [0u8; 64];
+    let closed = tokio::time::timeout(Duration::from_secs(2), c.read(&mut rest)).await;
+    assert!(matches!(closed, Ok(Ok(0) | Err(_))), "the connection stayed open: {closed:?}");
+    // With a key, the connection is kept for the next request.
+    let mut c = TcpStream::connect(&served.addr).await.unwrap();
+    let keyed = b"GET /v1/orders/O-1 HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer acme-secret-key\r\n\r\n";
+    c.write_all(keyed).await.unwrap();
+    let answer = read_answer(&mut c).await;
+    assert!(answer.starts_with("HTTP/1.1 404"), "{answer}");
+    c.write_all(keyed).await.unwrap();
+    assert!(read_answer(&mut c).await.starts_with("HTTP/1.1 404"), "the keyed connection was not kept");
+
+    let open = serve(&["--database-url", &database("sqlite").await.unwrap()]).await;
+    let answer = exchange(&open.addr, b"GET /healthz HTTP/1.1\r\nHost: evil.example\r\n\r\n").await;
+    assert!(answer.starts_with("HTTP/1.1 421"), "{answer}");
+    assert!(answer.to_ascii_lowercase().contains("connection: close"), "{answer}");
+}
+
+/// Found by review: without keys, a web page on any site could still send the service cross-site requests that
+/// need no preflight (a form's POST: `POST /v1/tokens` answered `200`), since its `Host` is the service's own.
+/// A request a browser marks as from another site (`Sec-Fetch-Site: cross-site`, or an `Origin` that is not a
+/// loopback one) is `403 cross_site_request`; one from the console's own page, or from curl, is served. A
+/// request without `Host` (HTTP/1.1 requires one) is `400`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_zero_configuration_mode_refuses_other_sites() {
+    let served = serve(&["--database-url", &database("sqlite").await.unwrap()]).await;
+    let port = served.addr.rsplit_once(':').unwrap().1.to_owned();
+    let host = format!("Host: 127.0.0.1:{port}\r\n");
+    for from in [
+        "Origin: http://evil.example\r\n".to_owned(),
+        "Origin: null\r\n".to_owned(),
+        "Sec-Fetch-Site: cross-site\r\n".to_owned(),
+        "Origin: http://127.0.0.1.evil.example\r\n".to_owned(),
+    ] {
+        let request = format!("POST /v1/tokens HTTP/1.1\r\n{host}{from}Content-Length: 0\r\nConnection: close\r\n\r\n");
+        let answer = exchange(&served.addr, request.as_bytes()).await;
+        assert!(answer.starts_with("HTTP/1.1 403"), "{from}: {answer}");
+        assert!(answer.contains("cross_site_request"), "{answer}");
+    }
+    for from in [
+        format!("Origin: http://127.0.0.1:{port}\r\nSec-Fetch-Site: same-origin\r\n"),
+        format!("Origin: http://localhost:{port}\r\n"),
+        "Sec-Fetch-Site: none\r\n".to_owned(),
+        String::new(),
+    ] {
+        let request = format!("POST /v1/tokens HTTP/1.1\r\n{host}{from}Content-Length: 0\r\nConnection: close\r\n\r\n");
+        let answer = exchange(&served.addr, request.as_bytes()).await;
+        assert!(answer.starts_with("HTTP/1.1 200") || answer.starts_with("HTTP/1.1 201"), "{from}: {answer}");
+    }
+    let answer = exchange(&served.addr, b"GET /healthz HTTP/1.1\r\nConnection: close\r\n\r\n").await;
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+}

@@ -78,6 +78,12 @@ async fn odd_paths_name_nothing(url: String) {
     // A query with a NUL is a bad request, as any invalid query.
     acme.get("/v1/payments?order_no=O%00").await.assert_problem(400, "invalid_request");
     acme.get("/v1/workflows?cursor=1.00").await.assert_problem(400, "invalid_request");
+    // Found by review: free-text queries reached Postgres with the NUL (a 503 and a logged database error).
+    for caller in [&acme, &operator] {
+        for path in ["/v1/search?q=%00", "/v1/search?q=a%00b", "/v1/audit?workflow_id=%00"] {
+            caller.get(path).await.assert_problem(400, "invalid_request");
+        }
+    }
     // The service is still well.
     assert_eq!(acme.get("/readyz").await.status, 200);
 }

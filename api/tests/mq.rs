@@ -4,7 +4,7 @@
 //! - a storm: commands published three times (two copies at once, one after the first answer), two consumers
 //!   on one queue (Postgres, MySQL; one on SQLite), one SIGKILLed mid-stream and restarted: every order charged
 //!   at most once, every copy answered, every answer of one `request_no` the same bytes, nothing left in the
-//!   queue or unacknowledged;
+//!   queue or unacknowledged, and per order exactly one event (its charged payment's `payment.succeeded`);
 //! - a command under the `request_no` of an HTTP payment: that payment's answer, no new charge;
 //! - bad messages: each in `<queue>.dead` with `x-onceflow-error: invalid_request`, once, the consumer still
 //!   answering.
@@ -21,7 +21,8 @@ use common::mq::{
 use lapin::types::AMQPValue;
 use onceflow_api::Auth;
 use onceflow_engine::{MySqlStore, PgStore, SqliteStore, Store};
-use onceflow_payments::{MockChannel, MockChannelConfig, PaymentStore, check_invariants};
+use onceflow_payments::events::Position;
+use onceflow_payments::{EventType, MockChannel, MockChannelConfig, PaymentStore, check_invariants};
 use serde_json::{Value, json};
 
 /// Creates `n` orders `O-0…` of 1000 CNY.
@@ -115,6 +116,19 @@ async fn storm<S: PaymentStore>(db: String, store: S, processes: usize, n_orders
     }
     let violations = check_invariants(&store, &ledger).await.unwrap();
     assert!(violations.is_empty(), "{violations:?}");
+    // The event log: per order exactly one event, its charged payment's payment.succeeded, whatever was
+    // redelivered or killed (the refusals before the channel write none).
+    let events = succeeded_events(&store, n_orders).await;
+    let mut of_orders: Vec<String> = events.iter().map(|(order, _)| order.clone()).collect();
+    of_orders.sort_unstable();
+    let mut expected: Vec<String> = (0..n_orders).map(|o| format!("O-{o}")).collect();
+    expected.sort_unstable();
+    assert_eq!(of_orders, expected, "one event per order");
+    for (order, request_no) in &events {
+        let number = onceflow_payments::RequestNo::parse(request_no).unwrap();
+        let paid = store.payment("default", &number).await.unwrap().unwrap();
+        assert_eq!(paid.status, onceflow_payments::PaymentStatus::Succeeded, "{order}: {request_no}");
+    }
     let deliveries: usize = got.values().map(Vec::len).sum();
     println!(
         "storm: {total} commands × 3, {processes} consumers, {} answers received ({} repeats of an answer), \
@@ -127,6 +141,30 @@ async fn storm<S: PaymentStore>(db: String, store: S, processes: usize, n_orders
     client.delete(&queue).await;
     client.delete(&format!("{queue}.dead")).await;
     client.delete(&replies).await;
+}
+
+/// The order and payment of every event in the log, once there are `expected` (the Postgres log shows an event
+/// once every older write transaction has ended) and a moment later; each asserted `payment.succeeded`.
+async fn succeeded_events<S: PaymentStore>(store: &S, expected: usize) -> Vec<(String, String)> {
+    let read = async || {
+        // MySQL numbers committed events after their commit (its sequencer); elsewhere a no-op.
+        store.sequence().await.unwrap();
+        store.events_after(None, &Position::start(), &[], 10_000).await.unwrap().events
+    };
+    let started = Instant::now();
+    while read().await.len() < expected && started.elapsed() < Duration::from_secs(30) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    read()
+        .await
+        .iter()
+        .map(|e| {
+            assert_eq!(e.kind, EventType::PaymentSucceeded, "{e:?}");
+            let data: Value = serde_json::from_str(&e.data).unwrap();
+            (data["order_no"].as_str().unwrap().to_owned(), data["request_no"].as_str().unwrap().to_owned())
+        })
+        .collect()
 }
 
 #[cfg_attr(any(onceflow_no_postgres, onceflow_no_amqp), ignore = "DATABASE_URL or AMQP_URL is not set")]

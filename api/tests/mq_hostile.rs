@@ -31,6 +31,8 @@ fn consume(db: &str, channel_url: &str, amqp: &str, queue: &str, extra: &[&str],
         .args(["--prefetch", "8", "--lease-ms", "1000", "--wait-ms", "10000"])
         .args(extra)
         .env("RUST_LOG", "warn")
+        // The binary sets its own thread stack; one inherited from here would hide that it does not.
+        .env_remove("RUST_MIN_STACK")
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(log).unwrap())
         .spawn()
@@ -119,6 +121,68 @@ async fn a_poison_message_does_not_stop_the_consumer() {
     assert_eq!(answers.count(), 3, "the poison message was answered");
     assert_eq!(channel.ledger().charge_calls, 3);
     assert_eq!(client.counts(&queue).await, (0, 0));
+    client.delete(&queue).await;
+    client.delete(&dead).await;
+    client.delete(&replies).await;
+}
+
+/// A message that is not a command, its header table nested `DEPTH` deep (a few kilobytes: `{"k": {"k": …}}`).
+/// The AMQP client parses (and drops) tables recursively: at the default 2 MiB stack, 300 levels overflowed the
+/// consumer's thread and aborted `consume`, again at each restart while the message waited in the queue. It is
+/// dead-lettered once (without the nested table), the command after it answered, the consumer alive.
+#[cfg_attr(onceflow_no_amqp, ignore = "AMQP_URL is not set")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_deeply_nested_header_does_not_stop_the_consumer() {
+    const DEPTH: usize = 300;
+    let Some(amqp) = amqp_url() else {
+        eprintln!("skipped: AMQP_URL is not set");
+        return;
+    };
+    let db = common::database("sqlite").await.unwrap();
+    common::create_orders(&db, 1).await;
+    let (channel_url, _channel) = serve_channel().await;
+    let queue = unique("nested");
+    let (dead, replies) = (format!("{queue}.dead"), format!("{queue}.replies"));
+    let client = Client::connect(&amqp).await;
+    client.declare(&replies).await;
+    let (answers, _) = collect(&amqp, &replies);
+    let log = log_path("nested");
+    let mut fleet = Fleet(vec![consume(&db, &channel_url, &amqp, &queue, &[], &log)]);
+    client.wait_consumers(&queue, 1).await;
+
+    // (300 levels: this test's own AMQP client serializes the table recursively on its connection's thread, at
+    // the default stack; 2,000 overflowed it here.)
+    let mut nested = FieldTable::default();
+    for _ in 0..DEPTH {
+        let mut outer = FieldTable::default();
+        outer.insert("k".into(), AMQPValue::FieldTable(nested));
+        nested = outer;
+    }
+    let properties = BasicProperties::default().with_delivery_mode(2).with_headers(nested);
+    let confirm = client
+        .channel
+        .basic_publish("".into(), queue.as_str().into(), BasicPublishOptions::default(), b"not a command", properties)
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    assert!(confirm.is_ack(), "the broker refused the nested message: {confirm:?}");
+    client.command(&queue, &command(0, "R-0"), "R-0", &replies).await;
+    answers.wait_for(&["R-0".to_owned()], Duration::from_secs(30)).await;
+    assert_eq!(answers.json("R-0")["status"], 201);
+    let started = Instant::now();
+    while client.counts(&dead).await.0 < 1 {
+        assert!(started.elapsed() < Duration::from_secs(10), "the nested message did not reach {dead}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(fleet.0[0].try_wait().unwrap().is_none(), "consume exited:\n{}", std::fs::read_to_string(&log).unwrap());
+    let dead_letters = client.drain(&dead).await;
+    assert_eq!(dead_letters.len(), 1, "dead-lettered more than once");
+    assert_eq!(header(&dead_letters[0], "x-onceflow-error").as_deref(), Some("invalid_request"));
+    assert!(dead_letters[0].properties.headers().as_ref().is_some_and(|h| !h.inner().contains_key("k")));
+    assert!(terminate(&mut fleet.0[0]), "consume did not exit 0 on SIGTERM");
+    let logged = std::fs::read_to_string(&log).unwrap();
+    assert!(!logged.contains("broker connection lost"), "the consumer lost its connection:\n{logged}");
     client.delete(&queue).await;
     client.delete(&dead).await;
     client.delete(&replies).await;

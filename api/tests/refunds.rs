@@ -242,6 +242,31 @@ async fn balance_checked_first(url: &str) {
     assert_invariants(url, &channel).await;
 }
 
+on_every_backend!(client_mistakes:
+    a_reason_with_a_nul_or_an_amount_past_any_charge_is_a_client_mistake_sqlite => sqlite,
+    a_reason_with_a_nul_or_an_amount_past_any_charge_is_a_client_mistake_postgres => postgres,
+    a_reason_with_a_nul_or_an_amount_past_any_charge_is_a_client_mistake_mysql => mysql,
+);
+
+/// Client mistakes are answered as such, never `500`: a `reason` with a control character (a NUL, which Postgres
+/// cannot store) is `400`; an amount so large that the payment's refunded + reserved + it would overflow 64 bits
+/// is `409 refund_exceeds_payment` with what is left, like any amount past the charge.
+async fn client_mistakes(url: &str) {
+    let channel = TestChannel::serve(Duration::ZERO, false).await;
+    let app = common::start(url, http_channel(&channel), Auth::SingleTenant).await;
+    paid(&app, "O-1", 1000, "R-1").await;
+    for reason in ["a\u{0}b", "bell\u{7}", "esc\u{1b}[31m"] {
+        let answer = app.refund(&app.token().await, "R-1", json!({"amount": 100, "reason": reason})).await;
+        answer.assert_problem(400, "invalid_request");
+    }
+    let part = app.refund(&app.token().await, "R-1", json!({"amount": 100, "refund_no": "RF-1"})).await;
+    assert_eq!(part.status, 201, "{}", part.text);
+    let huge = app.refund(&app.token().await, "R-1", json!({"amount": i64::MAX, "refund_no": "RF-2"})).await;
+    huge.assert_problem(409, "refund_exceeds_payment");
+    assert_eq!(huge.json()["refundable"], 900, "{}", huge.text);
+    assert_invariants(url, &channel).await;
+}
+
 on_every_backend!(channel_answers:
     every_answer_of_the_channel_to_a_refund_sqlite => sqlite,
     every_answer_of_the_channel_to_a_refund_postgres => postgres,

@@ -1,6 +1,6 @@
 //! Traces end to end (issue 33), with real `onceflow serve` processes exporting over OTLP/HTTP to a receiver of
 //! the test's own (a small axum server decoding the protobuf bodies), and a channel process that records the
-//! `traceparent` of each request.
+//! `traceparent` of each request; a traced payment's event carries its trace to the merchant's endpoint.
 
 mod common;
 
@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use axum::body::Bytes;
 use axum::routing::post;
 use common::channel::TestChannel;
+use common::webhooks::{Receiver, Reply};
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::any_value::Value as AnyValue;
 use prost::Message;
@@ -81,10 +82,16 @@ fn free_port() -> u16 {
 
 /// `onceflow serve` on `db` over `channel`, exporting traces to `otlp`; waits for `/healthz`.
 async fn serve(db: &str, channel: &str, otlp: &str) -> (Child, String) {
+    serve_with(db, channel, otlp, &[]).await
+}
+
+/// [`serve`] with the flags `extra` too.
+async fn serve_with(db: &str, channel: &str, otlp: &str, extra: &[&str]) -> (Child, String) {
     let listen = format!("127.0.0.1:{}", free_port());
     let child = Command::new(ONCEFLOW)
         .args(["serve", "--listen", &listen, "--database-url", db, "--channel-url", channel])
         .args(["--otlp-endpoint", otlp, "--lease-ms", "1000", "--channel-timeout-ms", "20000"])
+        .args(extra)
         // Batches leave at once, so a process killed a moment later has sent what it did so far.
         .env("OTEL_BSP_SCHEDULE_DELAY", "50")
         .env("RUST_LOG", "warn")
@@ -156,6 +163,31 @@ async fn one_trace_from_the_request_to_the_channel() {
     assert!(spans.iter().any(|s| s.attribute("workflow_id").is_some_and(|w| w.starts_with("pay:"))));
     let seen = channel.traceparents();
     assert!(!seen.is_empty() && seen.iter().all(|tp| tp.contains(TRACE)), "the channel saw {seen:?}");
+    serve.kill().await.unwrap();
+}
+
+/// A traced payment's event carries the payment's trace to the merchant's endpoint (`traceparent`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_traced_payments_event_carries_its_trace_to_the_endpoint() {
+    const EVENTS: &str = "5cf92f3577b34da6a3ce929d0e0e4737";
+    let (otlp, _got) = receiver().await;
+    let channel = TestChannel::serve(Duration::ZERO, false).await;
+    let hook = Receiver::start(|_, _| Reply::Status(200)).await;
+    let db = common::database("sqlite").await.unwrap();
+    let local = ["--webhook-allow-http", "--webhook-allow-private"];
+    let (mut serve, base) = serve_with(&db, &channel.url, &otlp, &local).await;
+    let client = reqwest::Client::new();
+    let endpoint = client.post(format!("{base}/v1/webhook-endpoints")).json(&json!({"url": hook.url})).send();
+    assert_eq!(endpoint.await.unwrap().status(), 201);
+    let paid = pay(&client, &base, "O-1", &format!("00-{EVENTS}-00f067aa0ba902b7-01"), 10).await;
+    assert_eq!(paid["status"], "succeeded", "{paid}");
+    let hits = hook.wait_for(Duration::from_secs(20), "the payment's event", |h| !h.is_empty()).await;
+    let event: serde_json::Value = serde_json::from_slice(&hits[0].body).unwrap();
+    assert_eq!(
+        (event["type"].as_str(), &event["data"]["request_no"]),
+        (Some("payment.succeeded"), &paid["request_no"])
+    );
+    assert!(hits[0].traceparent.contains(EVENTS), "the delivery's traceparent: {:?}", hits[0].traceparent);
     serve.kill().await.unwrap();
 }
 

@@ -70,6 +70,13 @@ pub enum StepError {
     /// find out what happened before acting again.
     #[error("unknown outcome: {0}")]
     UnknownOutcome(String),
+    /// The effect was asked for and the outside is still deciding it (a charge the channel answers
+    /// `processing`): an unknown outcome that is waited out on the step's pending schedule
+    /// ([`crate::StepSpec::pending_retry`]), which may grow long, never given up. The outside is expected to
+    /// say when it decides (an event delivered from outside, which wakes the workflow at once:
+    /// [`crate::Engine::wake`]); the next attempt finds out what happened before acting again.
+    #[error("pending: {0}")]
+    Pending(String),
     /// The database failed inside a transactional step; treated as retryable.
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),

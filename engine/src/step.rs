@@ -16,13 +16,15 @@ pub struct StepSpec {
     pub(crate) key: String,
     pub(crate) name: String,
     pub(crate) retry: RetryPolicy,
+    /// The waits after a [`crate::StepError::Pending`] attempt; the retry policy's when `None`.
+    pub(crate) pending: Option<RetryPolicy>,
     pub(crate) compensation: Option<(String, Value)>,
 }
 
 /// A step under `key` (unique within its workflow), named after its key.
 pub fn step(key: impl Into<String>) -> StepSpec {
     let key = key.into();
-    StepSpec { name: key.clone(), key, retry: RetryPolicy::default(), compensation: None }
+    StepSpec { name: key.clone(), key, retry: RetryPolicy::default(), pending: None, compensation: None }
 }
 
 impl StepSpec {
@@ -35,6 +37,15 @@ impl StepSpec {
     /// The retry policy for this step's retryable failures.
     pub fn retry(mut self, policy: RetryPolicy) -> Self {
         self.retry = policy;
+        self
+    }
+
+    /// The schedule of an external step's attempts while the outside is still deciding
+    /// ([`crate::StepError::Pending`]): its waits may grow long (minutes, an hour), since an event from outside
+    /// wakes the workflow when the outside decides. Its `max_attempts` does not apply: a pending outcome is
+    /// never given up. Without it, the retry policy's waits.
+    pub fn pending_retry(mut self, policy: RetryPolicy) -> Self {
+        self.pending = Some(policy);
         self
     }
 

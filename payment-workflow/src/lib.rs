@@ -57,7 +57,9 @@ pub use model::{
     TokenRecord, TokenState, merchant_refund_no, payment_workflow_id, positive_amount, problem, refund_no_of,
     refund_workflow_id,
 };
-pub use notifications::{ChannelAccounts, NotTaken, Taken, take_notification};
+pub use notifications::{
+    ChannelAccounts, Delivered, NotTaken, Taken, WordOutcome, deliver_word, spawn_word_delivery, take_notification,
+};
 pub use payments::PaymentSaga;
 pub use reconcile::{
     Class, ReconcileError, ReconcileReport, ReconciledException, Reconciler, Reconciliation, reconciliations,

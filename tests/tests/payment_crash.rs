@@ -1,15 +1,19 @@
 //! The payment crash matrix with real processes: a payment process is killed with SIGKILL after the first
 //! commit (claim, record, reservation and the channel intent) while the channel call is in flight, and after
 //! the channel charged but before `confirm`; a fresh process resumes the same request. The channel, in this
-//! test process, must end with exactly one charge, and the invariant checker must pass.
+//! test process, must end with exactly one charge, the event log with exactly one `payment.succeeded` of the
+//! payment (the outbox is written by the outcome's commit, whichever process makes it), and the invariant
+//! checker must pass.
 
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use onceflow_engine::{EngineConfig, MySqlStore, PgStore, SqliteStore};
+use onceflow_payments::events::Position;
 use onceflow_payments::{
-    MockChannel, MockChannelConfig, OrderStatus, PaymentStore, Payments, check_invariants, mock_channel_router,
+    EventType, MockChannel, MockChannelConfig, OrderStatus, PaymentStore, Payments, check_invariants,
+    mock_channel_router,
 };
 
 const WORKER: &str = env!("CARGO_BIN_EXE_pay-worker");
@@ -27,6 +31,26 @@ async fn wait_for(what: &str, mut done: impl AsyncFnMut() -> bool) {
         assert!(started.elapsed() < Duration::from_secs(30), "timed out waiting for {what}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// The types of the events of the order `order_no`'s payments, once there are `expected` (the Postgres log shows
+/// an event once every older write transaction has ended), and a little later (no second one comes).
+async fn events_of<S: PaymentStore>(store: &S, order_no: &str, expected: usize) -> Vec<EventType> {
+    let read = async || {
+        // MySQL numbers committed events after their commit (its sequencer); elsewhere a no-op.
+        store.sequence().await.unwrap();
+        let page = store.events_after(Some("default"), &Position::start(), &[], 1000).await.unwrap();
+        let of = |e: &&onceflow_payments::events::Event| {
+            serde_json::from_str::<serde_json::Value>(&e.data).unwrap()["order_no"] == order_no
+        };
+        page.events.iter().filter(of).map(|e| e.kind).collect::<Vec<_>>()
+    };
+    let started = Instant::now();
+    while read().await.len() < expected && started.elapsed() < Duration::from_secs(30) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    read().await
 }
 
 async fn crash_matrix<S: PaymentStore>(store: S, url: &str) {
@@ -66,6 +90,8 @@ async fn crash_matrix<S: PaymentStore>(store: S, url: &str) {
         assert!(printed.starts_with("status 201"), "{name}: {printed}");
         assert_eq!(ledger.ledger().kept_charges(&order_no), 1, "{name}: exactly one charge");
         assert_eq!(setup.order("default", &number).await.unwrap().unwrap().status, OrderStatus::Paid);
+        let events = events_of(&store, &order_no, 1).await;
+        assert_eq!(events, [EventType::PaymentSucceeded], "{name}: exactly one event, the payment's success");
     }
     let violations = check_invariants(&store, &ledger.ledger()).await.unwrap();
     assert!(violations.is_empty(), "{violations:?}");

@@ -3,7 +3,8 @@
 //! sent but never booked, with the call booked by the channel after the process died, with the refund made but
 //! its answer not yet confirmed, while the channel says `processing`, and with a failed refund unconfirmed — and
 //! another process resumes the same request. Each refund ends as the channel says (once at the channel, under
-//! its one number), nothing stays reserved, and the invariant checker passes.
+//! its one number) with exactly one event saying so (the outbox is written by the outcome's commit, whichever
+//! process makes it), nothing stays reserved, and the invariant checker passes.
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, Command, Stdio};
@@ -14,9 +15,10 @@ use axum::extract::State;
 use axum::routing::post;
 use axum::{Json, Router};
 use onceflow_engine::{EngineConfig, MySqlStore, PgStore, SqliteStore};
+use onceflow_payments::events::Position;
 use onceflow_payments::{
-    Channel, MockChannel, MockChannelConfig, OrderStatus, PaymentStore, Payments, Refund, RefundNo, RefundRequest,
-    RefundState, RefundStatus, check_invariants, merchant_refund_no, mock_channel_router,
+    Channel, EventType, MockChannel, MockChannelConfig, OrderStatus, PaymentStore, Payments, Refund, RefundNo,
+    RefundRequest, RefundState, RefundStatus, check_invariants, merchant_refund_no, mock_channel_router,
 };
 use onceflow_tests::ids::{cny, order_no, pay_request, request_no};
 use tokio::sync::{Notify, mpsc};
@@ -149,6 +151,26 @@ async fn hold_then_go(child: &mut Child, url: &str, request_no: &str) -> Hold {
     hold
 }
 
+/// The types of the events of refund `refund_no`, once there is one (the Postgres log shows an event once every
+/// older write transaction has ended), and a little later (no second one comes).
+async fn events_of<S: PaymentStore>(store: &S, refund_no: &str) -> Vec<EventType> {
+    let read = async || {
+        // MySQL numbers committed events after their commit (its sequencer); elsewhere a no-op.
+        store.sequence().await.unwrap();
+        let page = store.events_after(Some("default"), &Position::start(), &[], 1000).await.unwrap();
+        let of = |e: &&onceflow_payments::events::Event| {
+            serde_json::from_str::<serde_json::Value>(&e.data).unwrap()["refund_no"] == refund_no
+        };
+        page.events.iter().filter(of).map(|e| e.kind).collect::<Vec<_>>()
+    };
+    let started = Instant::now();
+    while read().await.is_empty() && started.elapsed() < Duration::from_secs(30) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    read().await
+}
+
 async fn crash_matrix<S: PaymentStore>(store: S, url: &str) {
     let ledger = MockChannel::reliable();
     let setup = Payments::new(store.clone(), Arc::new(ledger.clone()), EngineConfig::default());
@@ -233,6 +255,8 @@ async fn crash_matrix<S: PaymentStore>(store: S, url: &str) {
         let order = setup.order("default", &order_no(order.as_str())).await.unwrap().unwrap();
         let status = if ends == RefundState::Succeeded { OrderStatus::Refunded } else { OrderStatus::Paid };
         assert_eq!(order.status, status, "{point:?}");
+        let kind = if ends == RefundState::Succeeded { EventType::RefundSucceeded } else { EventType::RefundFailed };
+        assert_eq!(events_of(&store, &refund_no).await, [kind], "{point:?}: exactly one event, the refund's end");
     }
     let violations = check_invariants(&store, &ledger.ledger()).await.unwrap();
     assert!(violations.is_empty(), "{violations:?}");

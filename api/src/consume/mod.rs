@@ -338,6 +338,27 @@ async fn check_size_limit(connection: &Connection) -> Result<(), Ended> {
     Ok(())
 }
 
+/// How deep the original headers of a bad message may nest and still be kept on its dead-letter copy.
+const KEPT_HEADERS_DEPTH: usize = 8;
+
+/// How deep `table` nests (1: no table or array inside), counted only up to `limit + 1`.
+fn table_depth(table: &FieldTable, limit: usize) -> usize {
+    fn value_depth(value: &AMQPValue, limit: usize) -> usize {
+        match value {
+            AMQPValue::FieldTable(t) => table_depth(t, limit),
+            AMQPValue::FieldArray(a) if limit > 0 => {
+                1 + a.as_slice().iter().map(|v| value_depth(v, limit - 1)).max().unwrap_or(0)
+            }
+            AMQPValue::FieldArray(_) => 1,
+            _ => 0,
+        }
+    }
+    if limit == 0 {
+        return 1;
+    }
+    1 + table.inner().values().map(|v| value_depth(v, limit - 1)).max().unwrap_or(0)
+}
+
 /// How many bytes `table` takes in AMQP's encoding (its length prefix included).
 fn table_len(table: &FieldTable) -> usize {
     4 + table.inner().iter().map(|(key, value)| 1 + key.as_str().len() + value_len(value)).sum::<usize>()
@@ -366,7 +387,7 @@ fn dead_letter_headers(original: Option<&FieldTable>, detail: &str) -> FieldTabl
     let mut headers = FieldTable::default();
     if let Some(original) = original {
         let size = table_len(original);
-        if size <= KEPT_HEADERS_MAX {
+        if size <= KEPT_HEADERS_MAX && table_depth(original, KEPT_HEADERS_DEPTH) <= KEPT_HEADERS_DEPTH {
             headers = original.clone();
         } else {
             headers.insert(DROPPED_HEADER.into(), AMQPValue::LongLongInt(i64::try_from(size).unwrap_or(i64::MAX)));
@@ -375,6 +396,37 @@ fn dead_letter_headers(original: Option<&FieldTable>, detail: &str) -> FieldTabl
     headers.insert(ERROR_HEADER.into(), AMQPValue::LongString("invalid_request".into()));
     headers.insert(DETAIL_HEADER.into(), AMQPValue::LongString(shortened(detail, DETAIL_MAX).into()));
     headers
+}
+
+/// The properties of a bad message's dead-letter copy: what identifies and describes it (content type and
+/// encoding, correlation and message id, timestamp, type, app id, reply-to, priority), persistent, with
+/// `headers`. Not its `user_id`, which the broker checks against the connection's user (a consumer with a user of
+/// its own had the copy refused, its channel closed, and reconnected once per such message), nor its
+/// `expiration`, which would let the evidence expire out of the dead-letter queue.
+fn dead_letter_properties(original: &BasicProperties, headers: FieldTable) -> BasicProperties {
+    let mut copy = BasicProperties::default().with_headers(headers).with_delivery_mode(2);
+    type Set = fn(BasicProperties, ShortString) -> BasicProperties;
+    let texts: [(&Option<ShortString>, Set); 7] = [
+        (original.content_type(), BasicProperties::with_content_type),
+        (original.content_encoding(), BasicProperties::with_content_encoding),
+        (original.correlation_id(), BasicProperties::with_correlation_id),
+        (original.message_id(), BasicProperties::with_message_id),
+        (original.kind(), BasicProperties::with_type),
+        (original.app_id(), BasicProperties::with_app_id),
+        (original.reply_to(), BasicProperties::with_reply_to),
+    ];
+    for (value, set) in texts {
+        if let Some(value) = value {
+            copy = set(copy, value.clone());
+        }
+    }
+    if let Some(timestamp) = original.timestamp() {
+        copy = copy.with_timestamp(*timestamp);
+    }
+    if let Some(priority) = original.priority() {
+        copy = copy.with_priority(*priority);
+    }
+    copy
 }
 
 /// `text` cut to at most `max` bytes, at a character boundary.
@@ -541,7 +593,7 @@ impl<S: PaymentStore> Task<S> {
         }
         tracing::warn!(queue = %s.queue, detail, "bad message: dead-lettered");
         let headers = dead_letter_headers(delivery.properties.headers().as_ref(), detail);
-        let properties = delivery.properties.clone().with_headers(headers).with_delivery_mode(2);
+        let properties = dead_letter_properties(&delivery.properties, headers);
         let moved = match self.publish(s.dead.as_str().into(), &delivery.data, properties).await {
             Some(Confirmation::Ack(None)) => self.ack(delivery).await,
             Some(_) => delivery.acker.reject(BasicRejectOptions { requeue: false }).await.is_ok_and(|done| done),
@@ -559,6 +611,22 @@ mod tests {
 
     fn header(table: &FieldTable, name: &str) -> Option<AMQPValue> {
         table.inner().get(name).cloned()
+    }
+
+    #[test]
+    fn a_dead_letter_copy_carries_no_user_id_and_no_expiration() {
+        let original = BasicProperties::default()
+            .with_user_id("producer".into())
+            .with_expiration("60000".into())
+            .with_correlation_id("c-1".into())
+            .with_content_type("application/json".into())
+            .with_delivery_mode(1);
+        let copy = dead_letter_properties(&original, FieldTable::default());
+        assert_eq!(copy.user_id(), &None);
+        assert_eq!(copy.expiration(), &None);
+        assert_eq!(copy.correlation_id().as_ref().map(|c| c.as_str()), Some("c-1"));
+        assert_eq!(copy.content_type().as_ref().map(|c| c.as_str()), Some("application/json"));
+        assert_eq!(copy.delivery_mode(), &Some(2));
     }
 
     #[test]

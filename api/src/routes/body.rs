@@ -40,6 +40,8 @@ pub(super) async fn read_within(timeout: Duration, req: Request, next: Next) -> 
         }
     };
     let read = tokio::select! {
+        // A body read in full is answered, even if the connection was picked to close meanwhile.
+        biased;
         read = tokio::time::timeout(timeout, read) => read.ok(),
         () = closing => None,
     };

@@ -12,8 +12,24 @@ use axum::response::{IntoResponse, Response};
 use crate::error::ApiError;
 
 /// Answers `421 host_not_allowed` to a request that names another host than a loopback one (in `Host` or in an
-/// absolute request target); a request that names none (HTTP/1.0) is served.
+/// absolute request target); `400` to an HTTP/1.1 request that names none (HTTP/1.0 is served); and
+/// `403 cross_site_request` to one a browser sent for a page of another site (see [`from_another_site`]).
 pub(super) async fn loopback_only(req: Request, next: Next) -> Response {
+    if req.version() == axum::http::Version::HTTP_11
+        && req.uri().authority().is_none()
+        && !req.headers().contains_key(header::HOST)
+    {
+        return ApiError::invalid("an HTTP/1.1 request names its host (Host)").into_response();
+    }
+    if from_another_site(req.headers()) {
+        return ApiError::new(
+            StatusCode::FORBIDDEN,
+            "cross_site_request",
+            "Cross-site request",
+            "without API keys this service answers no request a browser sends for a page of another site",
+        )
+        .into_response();
+    }
     let named =
         req.uri().authority().map(|a| a.as_str().to_owned()).into_iter().chain(
             req.headers().get_all(header::HOST).iter().map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned()),
@@ -30,6 +46,20 @@ pub(super) async fn loopback_only(req: Request, next: Next) -> Response {
         }
     }
     next.run(req).await
+}
+
+/// Whether a browser sent the request for a page of another site: it says so (`Sec-Fetch-Site: cross-site`), or
+/// names an `Origin` that is not a loopback one (`null` included: a sandboxed or local page). A page can send a
+/// form's POST anywhere without asking first; it cannot make its browser leave these headers out or lie in them.
+/// Clients that are not browsers (curl, the CLI) send neither.
+fn from_another_site(headers: &axum::http::HeaderMap) -> bool {
+    let cross = headers.get("sec-fetch-site").is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"cross-site"));
+    let foreign_origin = headers.get_all(header::ORIGIN).iter().any(|origin| {
+        let origin = String::from_utf8_lossy(origin.as_bytes());
+        let authority = origin.split_once("://").map(|(_, rest)| rest.trim_end_matches('/'));
+        !authority.is_some_and(is_loopback)
+    });
+    cross || foreign_origin
 }
 
 /// Whether `authority` (`host[:port]`) names a loopback host.

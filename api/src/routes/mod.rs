@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, MatchedPath, Request};
-use axum::http::{HeaderName, Method, StatusCode};
+use axum::http::{HeaderName, HeaderValue, Method, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::routing::{get, post};
@@ -93,6 +93,7 @@ pub(crate) fn app<S: PaymentStore>(state: AppState<S>, more: Router<AppState<S>>
         .layer(middleware::from_fn(move |req: Request, next: Next| async move {
             if loopback_only { host::loopback_only(req, next).await } else { next.run(req).await }
         }))
+        .layer(middleware::map_response(close_unauthenticated))
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .layer(middleware::from_fn(track))
         .layer(PropagateRequestIdLayer::new(request_id.clone()))
@@ -107,6 +108,16 @@ pub(crate) fn app<S: PaymentStore>(state: AppState<S>, more: Router<AppState<S>>
         }))
         .layer(SetRequestIdLayer::new(request_id, MakeRequestUuid))
         .with_state(state)
+}
+
+/// A client without a valid key (`401`) or naming another host (`421`) keeps no connection: it is answered with
+/// `Connection: close`. Held idle between cheap refused requests, such connections pushed legitimate clients'
+/// out when the server made room for new ones (`server.rs`).
+async fn close_unauthenticated(mut response: Response) -> Response {
+    if matches!(response.status(), StatusCode::UNAUTHORIZED | StatusCode::MISDIRECTED_REQUEST) {
+        response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    response
 }
 
 async fn not_found() -> ApiError {

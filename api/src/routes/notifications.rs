@@ -9,7 +9,7 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use onceflow_payments::{ChannelAccounts, NotTaken, PaymentStore, take_notification};
+use onceflow_payments::{ChannelAccounts, NotTaken, PaymentStore, Taken, deliver_word, take_notification};
 
 use crate::error::ApiError;
 use crate::state::AppState;
@@ -64,7 +64,18 @@ pub async fn take<S: PaymentStore>(
     let store = state.payments.engine().store();
     let now = state.payments.engine().now_ms();
     match take_notification(store, &accounts, signature, &body, now).await {
-        Ok(Ok(_taken)) => Ok(StatusCode::NO_CONTENT.into_response()),
+        Ok(Ok(Taken::Recorded(word))) => {
+            // Durable now: answered at once, and delivered to what holds its number (the workflow waiting on the
+            // channel is woken and settles from it); a delivery that fails here is made by the next pass.
+            let engine = state.payments.engine().clone();
+            tokio::spawn(async move {
+                if let Err(e) = deliver_word(&engine, &word).await {
+                    tracing::warn!(error = %e, id = %word.notification_id, "could not deliver the channel's word yet");
+                }
+            });
+            Ok(StatusCode::NO_CONTENT.into_response())
+        }
+        Ok(Ok(Taken::Duplicate)) => Ok(StatusCode::NO_CONTENT.into_response()),
         Ok(Err(NotTaken::Unverified(why))) => {
             tracing::info!(why, "channel notification refused: unverified");
             Err(unverified())

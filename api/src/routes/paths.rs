@@ -10,11 +10,15 @@ use axum::response::{IntoResponse, Response};
 
 use crate::error::ApiError;
 
-/// Answers `404` to a request whose path decodes to a NUL or to bytes that are not UTF-8.
+/// Answers `404` to a request whose path decodes to a NUL or to bytes that are not UTF-8, and `400` to one whose
+/// query decodes to a NUL (no query parameter is free to hold one: each reaches a database as text).
 pub(super) async fn name_something(req: Request, next: Next) -> Response {
     if names_nothing(req.uri().path()) {
         let route = req.extensions().get::<MatchedPath>().map(MatchedPath::as_str);
         return ApiError::not_found(code_of(route), "no such resource").into_response();
+    }
+    if req.uri().query().is_some_and(|q| decoded(q).contains(&0)) {
+        return ApiError::invalid("the query holds a NUL character").into_response();
     }
     next.run(req).await
 }
@@ -25,7 +29,13 @@ fn names_nothing(path: &str) -> bool {
         // Undecoded, the path is what hyper took: visible ASCII, no NUL.
         return false;
     }
-    let raw = path.as_bytes();
+    let decoded = decoded(path);
+    decoded.contains(&0) || std::str::from_utf8(&decoded).is_err()
+}
+
+/// `text` with its percent-escapes decoded (a `%` not followed by two hex digits kept as it is).
+fn decoded(text: &str) -> Vec<u8> {
+    let raw = text.as_bytes();
     let mut decoded = Vec::with_capacity(raw.len());
     let mut i = 0;
     while i < raw.len() {
@@ -45,7 +55,7 @@ fn names_nothing(path: &str) -> bool {
             }
         }
     }
-    decoded.contains(&0) || std::str::from_utf8(&decoded).is_err()
+    decoded
 }
 
 /// The `404` code of a route, by the identifier it takes.

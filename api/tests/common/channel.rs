@@ -6,7 +6,9 @@
 //! answers `404` to a close, as a channel predating it would. Refunds may be partial; how a new refund is
 //! answered is set with [`TestChannel::set_refund_mode`] (succeed, fail, refuse, stay processing, lose the reply,
 //! refund only half); a new charge may be held `processing` until [`TestChannel::settle_charges`]
-//! ([`TestChannel::set_charge_mode`]).
+//! ([`TestChannel::set_charge_mode`]). Its queries and closes may lag behind its charges
+//! ([`TestChannel::set_query_lag`]): a charge is then answered `processing` whatever it became, so that only the
+//! channel's notification can tell that it settled.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -105,6 +107,7 @@ pub struct TestChannel {
     mixed: bool,
     busy: bool,
     closeless: Arc<AtomicBool>,
+    query_lag: Arc<AtomicBool>,
     pub url: String,
     /// The statements it serves (`channel_word.rs`).
     pub statements: super::channel_word::Statements,
@@ -131,7 +134,8 @@ impl TestChannel {
         let url = format!("http://{}", listener.local_addr().unwrap());
         let statements = super::channel_word::Statements::default();
         let closeless = Arc::new(AtomicBool::new(closeless));
-        let channel = Self { book: Arc::default(), hold, mixed, busy, closeless, url, statements };
+        let query_lag = Arc::default();
+        let channel = Self { book: Arc::default(), hold, mixed, busy, closeless, query_lag, url, statements };
         let app = Router::new()
             .route("/v1/charges", post(charge))
             .route("/v1/charges/{no}", get(query))
@@ -242,6 +246,21 @@ impl TestChannel {
         self.closeless.store(closeless, Ordering::SeqCst);
     }
 
+    /// From now on, whether queries and closes answer every charge `processing`, whatever it became (a channel
+    /// whose queries lag behind its settlements).
+    pub fn set_query_lag(&self, lag: bool) {
+        self.query_lag.store(lag, Ordering::SeqCst);
+    }
+
+    /// A charge as a query or close answers it now.
+    fn as_queried(&self, kept: &Kept) -> Value {
+        let mut body = kept.body();
+        if self.query_lag.load(Ordering::SeqCst) {
+            body["status"] = json!("processing");
+        }
+        body
+    }
+
     /// Closes received.
     pub fn closes(&self) -> u64 {
         self.book.lock().unwrap().closes
@@ -326,7 +345,7 @@ async fn query(
     }
     let key = c.key(q.get("merchant_id").map_or("", String::as_str), &no);
     match c.book.lock().unwrap().charges.get(&key) {
-        Some(kept) => answer(200, kept.body()),
+        Some(kept) => answer(200, c.as_queried(kept)),
         None => answer(404, json!({"error": "not_found"})),
     }
 }
@@ -351,7 +370,7 @@ async fn close(State(c): State<TestChannel>, Path(no): Path<String>, Json(req): 
     let mut book = c.book.lock().unwrap();
     book.closes += 1;
     if let Some(kept) = book.charges.get(&key) {
-        return answer(409, json!({"error": "charged", "charge": kept.body()}));
+        return answer(409, json!({"error": "charged", "charge": c.as_queried(kept)}));
     }
     book.closed.insert(key);
     answer(200, json!({"merchant_request_no": no, "status": "closed"}))

@@ -148,6 +148,7 @@ pub async fn start_on(
             payments: onceflow_payments::Payments<S>,
         ) -> axum::Router {
             payments.engine().spawn_background();
+            onceflow_payments::spawn_word_delivery(payments.engine().clone(), std::time::Duration::from_secs(1));
             let wait = std::time::Duration::from_secs(10);
             let state =
                 onceflow_api::AppState { payments, auth: self.0, wait, body_read_timeout: wait, mock_channel: false };

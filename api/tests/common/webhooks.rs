@@ -206,6 +206,8 @@ pub struct Hit {
     pub id: String,
     pub timestamp: String,
     pub signature: String,
+    /// Its `traceparent` header (empty when none).
+    pub traceparent: String,
     pub body: Bytes,
     pub at: Instant,
 }
@@ -258,6 +260,7 @@ impl Receiver {
                 id: id.clone(),
                 timestamp: header("webhook-timestamp"),
                 signature: header("webhook-signature"),
+                traceparent: header("traceparent"),
                 body,
                 at: Instant::now(),
             };

@@ -10,7 +10,7 @@ use serde::de::DeserializeOwned;
 use crate::core::{Core, StartSignal};
 use crate::error::{Failure, Interrupt};
 use crate::phase::StatementPhase;
-use crate::store::{CompensationRecord, CompensationStatus, StepRecord, Store, Tx, WorkflowRecord};
+use crate::store::{CompensationRecord, CompensationStatus, StepRecord, StepStatus, Store, Tx, WorkflowRecord};
 
 mod commit;
 mod phase;
@@ -149,6 +149,26 @@ impl<S: Store> WorkflowContext<S> {
     /// The row of step `key` (without the compensation prefix), committed or in the open phase.
     pub(crate) fn step(&self, key: &str) -> Option<&StepRecord> {
         self.replay.history.get(key)
+    }
+
+    /// The store, for what an attempt reads outside the workflow's own phases (evidence delivered from outside,
+    /// say): its writes are not the workflow's and are not rolled back with it.
+    pub fn store(&self) -> &S {
+        &self.core.store
+    }
+
+    /// What step `key` of the compensation of the forward step `forward` returned, once it completed: a later
+    /// compensation learns what an earlier one did (they run in the reverse order of their forward steps), say
+    /// whether the refund of a charge gave the money back, to record the workflow's end accordingly. `None`
+    /// when that compensation is not registered, its step has not run or not completed, or its output is not a
+    /// `T`.
+    pub fn compensation_output<T: DeserializeOwned>(&self, forward: &str, key: &str) -> Option<T> {
+        let comp = self.replay.comps.iter().find(|c| c.step_key == forward)?;
+        let step = self.replay.history.get(&format!("{}{}/{key}", crate::run::COMPENSATION_PREFIX, comp.seq))?;
+        if step.status != StepStatus::Completed {
+            return None;
+        }
+        serde_json::from_str(step.output.as_deref()?).ok()
     }
 
     /// Now, by the engine's clock (milliseconds since the epoch).

@@ -70,7 +70,12 @@ impl<S: Store> WorkflowContext<S> {
                 self.abort_phase().await;
                 Err(Interrupt::Engine(e.into()))
             }
-            Err(e @ (StepError::Retryable(_) | StepError::UnknownOutcome(_) | StepError::Database(_))) => {
+            Err(
+                e @ (StepError::Retryable(_)
+                | StepError::UnknownOutcome(_)
+                | StepError::Pending(_)
+                | StepError::Database(_)),
+            ) => {
                 self.abort_phase().await;
                 self.run.tx_attempts.insert(key.clone(), attempts);
                 match spec.retry.delay_after(attempts) {
@@ -90,7 +95,8 @@ impl<S: Store> WorkflowContext<S> {
     /// [`Attempt::previous`] and must find out what happened before acting again.
     ///
     /// Retryable errors wait by the step's policy (in-process when short, persisted when long) until its
-    /// attempts are used up; unknown outcomes are retried at most every `max_interval`, never given up.
+    /// attempts are used up; unknown outcomes are retried at most every `max_interval`, never given up; pending
+    /// ones likewise, on the step's pending schedule.
     pub async fn external<T, F, Fut>(&mut self, spec: impl Into<StepSpec>, mut f: F) -> Result<T, Interrupt>
     where
         T: Serialize + DeserializeOwned + Send,
@@ -161,6 +167,9 @@ impl<S: Store> WorkflowContext<S> {
                     return Err(Interrupt::Failed(failure));
                 }
                 Err(StepError::UnknownOutcome(m)) => (StepStatus::Unknown, m, spec.retry.delay_unbounded(attempts)),
+                Err(StepError::Pending(m)) => {
+                    (StepStatus::Unknown, m, spec.pending.unwrap_or(spec.retry).delay_unbounded(attempts))
+                }
                 Err(e @ (StepError::Retryable(_) | StepError::Database(_))) => match spec.retry.delay_after(attempts) {
                     Some(delay) => (StepStatus::Retrying, e.to_string(), delay),
                     None => {

@@ -1,6 +1,7 @@
 //! Orders, tokens and payment records as stored, and the request to pay; the identifiers and statuses they are
 //! made of (`ids.rs`, `status.rs`) and the answers a payment gives (`answer.rs`); a merchant's refund
-//! (`refund.rs`, `refund_input.rs`) and the channel numbers of refunds (`numbers.rs`).
+//! (`refund.rs`, `refund_input.rs`), the channel numbers of refunds (`numbers.rs`) and the merchant event each
+//! of their ends writes (`outcome.rs`).
 
 use serde::Serialize;
 use sha2::{Digest, Sha256};
@@ -9,6 +10,7 @@ mod answer;
 mod ids;
 mod input;
 mod numbers;
+mod outcome;
 mod refund;
 mod refund_input;
 mod status;
@@ -21,6 +23,7 @@ pub use ids::{
 };
 pub use input::{PaymentInput, payment_workflow_id};
 pub use numbers::{MERCHANT_REFUND_PREFIX, merchant_refund_no, refund_no_of};
+pub(crate) use outcome::PaymentEnd;
 pub use refund::{MAX_REASON_CHARS, NewRefund, RefundBody, RefundRecord};
 pub use refund_input::{RefundInput, RefundRecorded, refund_workflow_id};
 pub use status::{OrderStatus, PaymentStatus, RefundState, TokenState};

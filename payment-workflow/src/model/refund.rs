@@ -23,6 +23,11 @@ impl NewRefund {
         if reason.as_ref().is_some_and(|r| r.chars().count() > MAX_REASON_CHARS) {
             return Err(InvalidField { field: "reason", rule: "at most 500 characters" });
         }
+        // Text a person wrote: line breaks and tabs, no other control character (a NUL cannot be stored on
+        // Postgres; escapes would reach logs and the console).
+        if reason.as_ref().is_some_and(|r| r.chars().any(|c| c.is_control() && !matches!(c, '\n' | '\r' | '\t'))) {
+            return Err(InvalidField { field: "reason", rule: "text without control characters" });
+        }
         Ok(Self { amount: positive_amount(amount)?, refund_no, reason })
     }
 

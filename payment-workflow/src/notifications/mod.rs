@@ -3,22 +3,28 @@
 //! secret of the merchant it names and its time is within 5 minutes; then it is recorded once by its id,
 //! durably, before it is acknowledged. Anything unverifiable is refused alike and leaves nothing behind.
 //!
-//! What is recorded waits (`applied_at` empty) for the workflow holding the number to apply it through the same
-//! checks as a channel answer; a number onceflow does not hold stays as evidence for reconciliation.
+//! What is recorded is then delivered (`deliver.rs`): the workflow holding the number is woken and its attempt
+//! applies it through the same checks as a channel answer (`word.rs`); a word on a final status, or on a number
+//! onceflow does not hold, is marked so and kept as evidence (an exception for operators when it contradicts).
 
 mod accounts;
+mod deliver;
+mod word;
 
 pub use accounts::ChannelAccounts;
+pub use deliver::{Delivered, deliver_word, spawn_word_delivery};
+pub use word::WordOutcome;
+pub(crate) use word::{Words, word_on_charge, word_on_refund};
 
 use crate::channel::Notification;
 use crate::channel::signature::Signature;
 use crate::store::{ChannelWord, ChannelWordStore};
 
 /// What came of a verified notification.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Taken {
-    /// Recorded now.
-    Recorded,
+    /// Recorded now: the word, to deliver.
+    Recorded(Box<ChannelWord>),
     /// Its id was recorded before: nothing changed.
     Duplicate,
 }
@@ -75,13 +81,14 @@ pub async fn take_notification<S: ChannelWordStore>(
         applied_at: None,
         outcome: None,
     };
-    let taken = if store.record_word(&word).await? { Taken::Recorded } else { Taken::Duplicate };
-    counted(if taken == Taken::Recorded { "recorded" } else { "duplicate" });
-    if taken == Taken::Recorded {
-        tracing::info!(tenant = %word.tenant, kind = %word.kind, number = %word.number, status = %word.status,
-            id = %word.notification_id, "channel notification recorded");
+    if !store.record_word(&word).await? {
+        counted("duplicate");
+        return Ok(Ok(Taken::Duplicate));
     }
-    Ok(Ok(taken))
+    counted("recorded");
+    tracing::info!(tenant = %word.tenant, kind = %word.kind, number = %word.number, status = %word.status,
+        id = %word.notification_id, "channel notification recorded");
+    Ok(Ok(Taken::Recorded(Box::new(word))))
 }
 
 /// The tenant and the notification, if `body` is signed by its merchant's secret at a time within the

@@ -2,7 +2,9 @@
 //! charged, a query by the same number first), what each answer means for this payment, and how a charge's
 //! number is undone (closed first, then refunded under a stable refund number).
 
-use onceflow_engine::{Attempt, Interrupt, Previous, StepError};
+use std::time::Duration;
+
+use onceflow_engine::{Attempt, Interrupt, Previous, RetryPolicy, StepError};
 use serde::{Deserialize, Serialize};
 
 use crate::channel::{
@@ -10,6 +12,8 @@ use crate::channel::{
 };
 use crate::model::PaymentInput;
 use crate::model::Problem;
+use crate::notifications::{WordOutcome, Words, word_on_charge, word_on_refund};
+use crate::store::ChannelWordStore;
 
 /// What the channel step ended with (a decline is an answer, not an error of the step).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -63,10 +67,24 @@ fn settle(charge: Charge, request: &ChargeRequest) -> Result<ChargeOutcome, Step
     match charge.status {
         ChargeStatus::Succeeded => Ok(ChargeOutcome::Charged { charge_id: charge.charge_id }),
         ChargeStatus::Declined => Ok(ChargeOutcome::Declined { decline_code: charge.decline_code }),
-        ChargeStatus::Processing => Err(StepError::UnknownOutcome(format!(
+        ChargeStatus::Processing => Err(StepError::Pending(format!(
             "the charge {} is processing at the channel; waiting for it to settle",
             request.merchant_request_no
         ))),
+    }
+}
+
+/// How often a charge (or refund) the channel holds `processing` is asked about again: soon at first, then less
+/// and less often, up to about an hour (40 minutes, plus up to as much again of jitter). The channel's word
+/// settles it sooner: its notification wakes the workflow at once, and a day's statement settles what is
+/// left.
+pub(crate) fn pending_retry() -> RetryPolicy {
+    RetryPolicy {
+        initial_interval: Duration::from_millis(50),
+        multiplier: 2.0,
+        max_interval: Duration::from_secs(40 * 60),
+        max_attempts: u32::MAX,
+        jitter: true,
     }
 }
 
@@ -77,32 +95,46 @@ fn count_call(outcome: &Result<ChargeOutcome, StepError>) {
         Ok(ChargeOutcome::Declined { .. }) => "declined",
         Ok(ChargeOutcome::Refused { .. }) => "refused",
         Ok(ChargeOutcome::NotOurs) => "not_ours",
-        Err(StepError::UnknownOutcome(m)) if m.contains("is processing") => "processing",
+        Err(StepError::Pending(_)) => "processing",
         Err(_) => "unknown",
     };
     metrics::counter!("onceflow_channel_calls_total", "outcome" => label).increment(1);
 }
 
 /// One attempt of the channel call, counted.
-pub(super) async fn charge(
+pub(super) async fn charge<S: ChannelWordStore>(
     channel: &dyn Channel,
+    words: &Words<'_, S>,
     request: &ChargeRequest,
     attempt: Attempt,
 ) -> Result<ChargeOutcome, StepError> {
-    let outcome = charge_attempt(channel, request, attempt).await;
+    let outcome = charge_attempt(channel, words, request, attempt).await;
     count_call(&outcome);
     outcome
 }
 
-/// One attempt of the channel call. After an attempt that may have charged, the charge is looked up by the
-/// same number first; the channel also deduplicates a repeated charge request. Every charge the channel
-/// answers with is checked against this payment: one that does not match is someone else's.
-async fn charge_attempt(
+/// One attempt of the channel call. After an attempt that may have charged, the channel's word recorded on the
+/// number (a notification, a statement's line) is consulted first: one that matches this payment settles it as
+/// the channel's answer would, and is marked applied. Otherwise the charge is looked up by the same number; the
+/// channel also deduplicates a repeated charge request. Every charge the channel answers with, or its word
+/// reports, is checked against this payment: one that does not match is someone else's.
+async fn charge_attempt<S: ChannelWordStore>(
     channel: &dyn Channel,
+    words: &Words<'_, S>,
     request: &ChargeRequest,
     attempt: Attempt,
 ) -> Result<ChargeOutcome, StepError> {
     if attempt.previous != Previous::None {
+        // A first attempt's number is new to the channel: nothing can have been said of it yet.
+        if let Some(word) = word_on_charge(words.store, words.tenant, request).await {
+            let outcome = settle(word.answer.clone(), request);
+            if outcome.is_ok() {
+                word.mark(words.store, WordOutcome::Settled).await;
+                tracing::info!(request_no = %request.merchant_request_no, status = ?word.answer.status,
+                    "the charge is settled by the channel's word");
+                return outcome;
+            }
+        }
         match channel.query(&request.merchant_id, &request.merchant_request_no).await {
             Ok(Some(found)) => return settle(found, request),
             Ok(None) => {}
@@ -155,8 +187,9 @@ pub(super) enum Undone {
 /// holds none under the number, is final: the charge is [`Undone::Kept`]. So is one the channel made under this
 /// refund's own number, of this charge, for part of the amount: the part is recorded as refunded, never asked
 /// again (the number is taken) and never taken for the whole.
-pub(super) async fn undo_charge(
+pub(super) async fn undo_charge<S: ChannelWordStore>(
     channel: &dyn Channel,
+    words: &Words<'_, S>,
     i: &PaymentInput,
     charged: Option<String>,
 ) -> Result<Undone, StepError> {
@@ -182,9 +215,23 @@ pub(super) async fn undo_charge(
                 tracing::warn!(request_no = %i.request_no, "the charge under this number is another payment's: not refunded");
                 return Ok(Undone::NotOurs);
             }
+            let charge = match charge.status {
+                // The channel's word may have settled it already: it informs the compensation (a charge it says
+                // succeeded is refunded below), never the payment, which is being cancelled.
+                ChargeStatus::Processing => match word_on_charge(words.store, words.tenant, &request).await {
+                    Some(word) => {
+                        word.mark(words.store, WordOutcome::Informed).await;
+                        tracing::info!(request_no = %i.request_no, status = ?word.answer.status,
+                            "the channel's word settles the charge of a payment being cancelled");
+                        word.answer
+                    }
+                    None => return Err(StepError::Pending(processing_charge(i))),
+                },
+                _ => charge,
+            };
             match charge.status {
                 ChargeStatus::Declined => return Ok(Undone::NothingTaken),
-                ChargeStatus::Processing => return Err(StepError::UnknownOutcome(processing_charge(i))),
+                ChargeStatus::Processing => return Err(StepError::Pending(processing_charge(i))),
                 ChargeStatus::Succeeded => charge.charge_id,
             }
         }
@@ -228,9 +275,19 @@ pub(super) async fn undo_charge(
             refund.merchant_refund_no
         )));
     }
+    let held = match held.status {
+        RefundStatus::Processing => match word_on_refund(words.store, words.tenant, &refund).await {
+            Some(word) => {
+                word.mark(words.store, WordOutcome::Settled).await;
+                word.answer
+            }
+            None => held,
+        },
+        _ => held,
+    };
     match held.status {
         RefundStatus::Succeeded => Ok(Undone::Refunded),
-        RefundStatus::Processing => Err(StepError::UnknownOutcome(format!(
+        RefundStatus::Processing => Err(StepError::Pending(format!(
             "refund {} of charge {} is processing at the channel",
             refund.merchant_refund_no, request.merchant_request_no
         ))),

@@ -5,4 +5,5 @@
 mod charge;
 mod saga;
 
+pub(crate) use charge::pending_retry;
 pub use saga::PaymentSaga;

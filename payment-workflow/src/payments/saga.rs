@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::channel::Channel;
-use crate::model::{OrderStatus, PaymentStatus, Problem, StoredResponse};
+use crate::model::{OrderStatus, PaymentEnd, PaymentStatus, Problem, StoredResponse};
 use crate::store::{PaymentStore, Reserve, ReserveSteps};
 use onceflow_engine::{
     BoxFuture, Compensation, Failure, Interrupt, RetryPolicy, StepError, Workflow, WorkflowContext, step,
@@ -14,11 +14,13 @@ use onceflow_engine::{
 
 use super::charge::{ChargeOutcome, Undone, charge, undo_charge};
 use crate::model::PaymentInput;
+use crate::notifications::Words;
 
 /// The payment workflow type.
 pub struct PaymentSaga {
     channel: Arc<dyn Channel>,
     channel_retry: RetryPolicy,
+    pending_retry: RetryPolicy,
 }
 
 impl PaymentSaga {
@@ -31,7 +33,7 @@ impl PaymentSaga {
             max_attempts: 20,
             jitter: true,
         };
-        Self { channel, channel_retry }
+        Self { channel, channel_retry, pending_retry: super::pending_retry() }
     }
 }
 
@@ -69,7 +71,10 @@ impl PaymentSaga {
     ) -> Result<StoredResponse, Interrupt> {
         let now = ctx.now_ms();
         let i = &input;
-        let charge_spec = step("call_channel").retry(self.channel_retry).compensate_with("refund", ());
+        let charge_spec = step("call_channel")
+            .retry(self.channel_retry)
+            .pending_retry(self.pending_retry)
+            .compensate_with("refund", ());
 
         // 1–3, one atomic phase: claim the token, insert the record, reserve the order. A token that cannot be
         // claimed (checked by the service before; only an expiry in between gets here) or an unknown order
@@ -94,7 +99,9 @@ impl PaymentSaga {
         // request_no, never by a new one.
         let request = i.charge_request();
         let channel = &self.channel;
-        let outcome = ctx.external(charge_spec, |attempt| charge(channel.as_ref(), &request, attempt)).await?;
+        let store = ctx.store().clone();
+        let words = Words { store: &store, tenant: &i.tenant };
+        let outcome = ctx.external(charge_spec, |attempt| charge(channel.as_ref(), &words, &request, attempt)).await?;
         let charge_id = outcome.charge_id(i)?;
 
         // 5, one commit with the channel's outcome: paid, succeeded, the token's response stored.
@@ -133,8 +140,11 @@ impl PaymentSaga {
                     Some(ChargeOutcome::Refused { after_unknown: true, .. }) | None => None,
                 };
                 let channel = &self.channel;
-                let undo = |_| undo_charge(channel.as_ref(), &i, charged.clone());
-                let undone = ctx.external(step("refund").retry(self.channel_retry), undo).await?;
+                let store = ctx.store().clone();
+                let words = Words { store: &store, tenant: &i.tenant };
+                let undo = |_| undo_charge(channel.as_ref(), &words, &i, charged.clone());
+                let spec = step("refund").retry(self.channel_retry).pending_retry(self.pending_retry);
+                let undone = ctx.external(spec, undo).await?;
                 if let Undone::Kept { charge_id, why, refunded } = undone {
                     return keep_charge(ctx, &i, now, Kept { charge_id, why, refunded }).await;
                 }
@@ -166,10 +176,22 @@ impl PaymentSaga {
                 // stores), from which the answer is rebuilt once the token is gone.
                 let answer = Problem::of_failure(failure).unwrap_or_else(Problem::payment_failed);
                 let code = if declined { answer.decline_code } else { Some(answer.code) };
+                // The payment's end, as its event says it: a charge the refund compensation (which ran before
+                // this one) gave back whole is `payment.refunded`.
+                let end = if declined {
+                    PaymentEnd::Declined { decline_code: code.clone() }
+                } else if ctx.compensation_output::<Undone>("call_channel", "refund") == Some(Undone::Refunded) {
+                    PaymentEnd::Refunded
+                } else {
+                    PaymentEnd::Failed
+                };
+                let event = i.event(&end, now);
                 let (tenant, request_no, token) = (i.tenant.clone(), i.request_no.clone(), i.token.clone());
                 ctx.transactional("fail_record", move |c| -> BoxFuture<'_, _> {
                     Box::pin(async move {
-                        S::fail_payment(c, tenant, request_no, token, status, code, now).await?;
+                        if S::fail_payment(&mut *c, tenant, request_no, token, status, code, now).await? {
+                            S::write_event(&mut *c, &event).await?;
+                        }
                         Ok(())
                     })
                 })
@@ -220,6 +242,8 @@ async fn keep_charge<S: PaymentStore>(
     let (tenant, order_no, request_no, token) =
         (i.tenant.clone(), i.order_no.clone(), i.request_no.clone(), i.token.clone());
     let charge = charge_id.clone();
+    // The outbox: the payment ends `succeeded` after all, and says so (its one event).
+    let event = i.event(&PaymentEnd::Succeeded { charge_id: charge_id.clone(), refunded }, now);
     ctx.transactional("keep_charge", move |c| -> BoxFuture<'_, _> {
         Box::pin(async move {
             if !S::move_order(&mut *c, tenant.clone(), order_no, request_no.clone(), OrderStatus::Paid, now).await? {
@@ -228,11 +252,15 @@ async fn keep_charge<S: PaymentStore>(
                     "the order is no longer paying under this payment: its charge cannot be kept",
                 ));
             }
-            S::succeed_payment(&mut *c, tenant.clone(), request_no.clone(), token.clone(), charge, now).await?;
+            let ended = S::succeed_payment(&mut *c, tenant.clone(), request_no.clone(), token.clone(), charge, now);
+            let ended = ended.await?;
             if refunded > 0 {
                 S::add_refunded(&mut *c, tenant, request_no, refunded, now).await?;
             }
             S::complete_token(&mut *c, token, 201, body, now).await?;
+            if ended {
+                S::write_event(&mut *c, &event).await?;
+            }
             Ok(())
         })
     })

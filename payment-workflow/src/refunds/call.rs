@@ -6,6 +6,8 @@ use onceflow_engine::{Attempt, Previous, StepError};
 use serde::{Deserialize, Serialize};
 
 use crate::channel::{Channel, ChannelError, Refund, RefundRequest, RefundStatus};
+use crate::notifications::{WordOutcome, Words, word_on_refund};
+use crate::store::ChannelWordStore;
 
 /// What the channel step ended with (a failed refund is an answer, not an error of the step).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -23,19 +25,20 @@ fn count_call(outcome: &Result<RefundOutcome, StepError>) {
         Ok(RefundOutcome::Refunded { .. }) => "succeeded",
         Ok(RefundOutcome::Failed { status: None, .. }) => "failed",
         Ok(RefundOutcome::Failed { .. }) => "refused",
-        Err(StepError::UnknownOutcome(m)) if m.contains("processing") => "processing",
+        Err(StepError::Pending(_)) => "processing",
         Err(_) => "unknown",
     };
     metrics::counter!("onceflow_channel_refund_calls_total", "outcome" => label).increment(1);
 }
 
 /// One attempt of the refund, counted: the same request every time, under the refund's stable number.
-pub(super) async fn call_refund(
+pub(super) async fn call_refund<S: ChannelWordStore>(
     channel: &dyn Channel,
+    words: &Words<'_, S>,
     request: &RefundRequest,
     attempt: Attempt,
 ) -> Result<RefundOutcome, StepError> {
-    let outcome = attempt_refund(channel, request, &attempt).await;
+    let outcome = attempt_refund(channel, words, request, &attempt).await;
     count_call(&outcome);
     outcome
 }
@@ -45,17 +48,29 @@ fn settle(refund: Refund) -> Result<RefundOutcome, StepError> {
     match refund.status {
         RefundStatus::Succeeded => Ok(RefundOutcome::Refunded { refund_id: refund.refund_id }),
         // Asked again until it settles (a notification or the statement may settle it sooner).
-        RefundStatus::Processing => Err(StepError::UnknownOutcome("the refund is processing".into())),
+        RefundStatus::Processing => Err(StepError::Pending("the refund is processing".into())),
         RefundStatus::Failed => Ok(RefundOutcome::Failed { status: None, body: "failed".into() }),
     }
 }
 
-async fn attempt_refund(
+/// One attempt. After an attempt that may have refunded, the channel's word recorded on the refund's number (a
+/// notification, a statement's line) is consulted first: one that matches this refund settles it as the
+/// channel's answer would, and is marked applied.
+async fn attempt_refund<S: ChannelWordStore>(
     channel: &dyn Channel,
+    words: &Words<'_, S>,
     request: &RefundRequest,
     attempt: &Attempt,
 ) -> Result<RefundOutcome, StepError> {
     let no = &request.merchant_refund_no;
+    if attempt.previous != Previous::None
+        && let Some(word) = word_on_refund(words.store, words.tenant, request).await
+        && word.answer.status != RefundStatus::Processing
+    {
+        word.mark(words.store, WordOutcome::Settled).await;
+        tracing::info!(merchant_refund_no = %no, status = ?word.answer.status, "the refund is settled by the channel's word");
+        return settle(word.answer);
+    }
     match channel.refund(request).await {
         // Someone else's answer is never this refund's outcome: asked again, it is logged for operators (the
         // refund stays unresolved, counted in `/metrics`).

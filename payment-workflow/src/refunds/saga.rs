@@ -17,8 +17,10 @@ use onceflow_engine::{BoxFuture, Compensation, Failure, Interrupt, RetryPolicy, 
 
 use super::answer::{exceeds, not_refundable, number_in_use, refund_failed};
 use super::call::{RefundOutcome, call_refund};
+use super::end::end_with_event;
 use crate::channel::Channel;
 use crate::model::{Problem, RefundInput, RefundRecorded, RefundState, StoredResponse};
+use crate::notifications::Words;
 use crate::store::{PaymentStore, RefundEnd, RefundReserve, RefundSteps};
 
 /// The refund workflow type.
@@ -70,7 +72,10 @@ impl<S: PaymentStore> Workflow<S> for RefundSaga {
     async fn run(&self, ctx: &mut WorkflowContext<S>, input: RefundInput) -> Result<StoredResponse, Interrupt> {
         let now = ctx.now_ms();
         let i = &input;
-        let call_spec = step("call_refund").retry(self.channel_retry).compensate_with("settle_refund", ());
+        let call_spec = step("call_refund")
+            .retry(self.channel_retry)
+            .pending_retry(crate::payments::pending_retry())
+            .compensate_with("settle_refund", ());
 
         // 1–3, one atomic phase: claim the token, record the refund, reserve its amount. A token that cannot be
         // claimed (checked by the service before; only an expiry in between gets here) or a payment the tenant
@@ -96,7 +101,10 @@ impl<S: PaymentStore> Workflow<S> for RefundSaga {
         // (same number, same amount), never a new number.
         let request = i.refund_request();
         let channel = &self.channel;
-        let outcome = ctx.external(call_spec, |attempt| call_refund(channel.as_ref(), &request, attempt)).await?;
+        let store = ctx.store().clone();
+        let words = Words { store: &store, tenant: &i.tenant };
+        let outcome =
+            ctx.external(call_spec, |attempt| call_refund(channel.as_ref(), &words, &request, attempt)).await?;
         let refund_id = match outcome {
             RefundOutcome::Refunded { refund_id } => refund_id,
             RefundOutcome::Failed { .. } => {
@@ -137,8 +145,11 @@ impl<S: PaymentStore> Workflow<S> for RefundSaga {
                     None => {
                         let request = i.refund_request();
                         let channel = &self.channel;
-                        let settle = step("settle").retry(self.channel_retry);
-                        match ctx.external(settle, |a| call_refund(channel.as_ref(), &request, a)).await? {
+                        let settle =
+                            step("settle").retry(self.channel_retry).pending_retry(crate::payments::pending_retry());
+                        let store = ctx.store().clone();
+                        let words = Words { store: &store, tenant: &i.tenant };
+                        match ctx.external(settle, |a| call_refund(channel.as_ref(), &words, &request, a)).await? {
                             RefundOutcome::Failed { .. } => return Ok(()),
                             RefundOutcome::Refunded { refund_id } => refund_id,
                         }
@@ -154,7 +165,7 @@ impl<S: PaymentStore> Workflow<S> for RefundSaga {
                 }
                 ctx.transactional("release_amount", move |c| -> BoxFuture<'_, _> {
                     Box::pin(async move {
-                        S::end_refund(c, i, RefundEnd::Released, now).await?;
+                        end_with_event::<S>(c, i, RefundEnd::Released, now).await?;
                         Ok(())
                     })
                 })
@@ -166,7 +177,7 @@ impl<S: PaymentStore> Workflow<S> for RefundSaga {
                 }
                 ctx.transactional("fail_refund", move |c| -> BoxFuture<'_, _> {
                     Box::pin(async move {
-                        S::end_refund(c, i, RefundEnd::Rejected, now).await?;
+                        end_with_event::<S>(c, i, RefundEnd::Rejected, now).await?;
                         Ok(())
                     })
                 })
@@ -203,7 +214,7 @@ async fn confirm_after_all<S: PaymentStore>(
     ctx.transactional("confirm_refund", move |c| -> BoxFuture<'_, _> {
         Box::pin(async move {
             let (tenant, refund_no, token) = (i.tenant.clone(), i.refund_no.clone(), i.token.clone());
-            if !S::end_refund(&mut *c, i, RefundEnd::Succeeded { refund_id }, now).await? {
+            if !end_with_event::<S>(&mut *c, i, RefundEnd::Succeeded { refund_id }, now).await? {
                 return Ok(());
             }
             if let Some(record) = S::refund_in(&mut *c, tenant, refund_no).await? {
@@ -241,7 +252,7 @@ async fn reject<S: PaymentStore>(
                 }
             };
             if rejection != Rejection::NumberInUse {
-                S::end_refund(&mut *c, input, RefundEnd::Rejected, now).await?;
+                end_with_event::<S>(&mut *c, input, RefundEnd::Rejected, now).await?;
             }
             let response = answer.response();
             S::complete_token(&mut *c, token, i32::from(response.status), response.body.clone(), now).await?;

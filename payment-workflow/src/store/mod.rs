@@ -148,7 +148,8 @@ pub trait PaymentStore: Store + RefundStore + crate::events::EventStore + Channe
     /// Sets the status of this payment's record — the tenant's `request_no` inserted under `token` — while it is
     /// `processing`: never another payment's record, never a final one. `code`: of a `declined` payment, the
     /// channel's decline code (`decline_code`); of a `failed` one, its answer's problem code (`failure_code`),
-    /// from which that answer is rebuilt once its token is gone.
+    /// from which that answer is rebuilt once its token is gone. Whether it did (the payment's end, whose event
+    /// the caller writes in the same transaction).
     fn fail_payment<'c>(
         conn: &'c mut Conn<Self>,
         tenant: String,
@@ -157,7 +158,7 @@ pub trait PaymentStore: Store + RefundStore + crate::events::EventStore + Channe
         status: PaymentStatus,
         code: Option<String>,
         now: i64,
-    ) -> Sql<'c, ()>;
+    ) -> Sql<'c, bool>;
 
     /// Token `in_use → completed` with its final response (a completed token keeps its first one).
     fn complete_token<'c>(

@@ -2,14 +2,15 @@
 //! each is sent with its commit as one call, as the payment's are (`statement.rs`). The outputs are the JSON
 //! MySQL's closure steps store, so a refund workflow's step rows read the same on every backend.
 //!
-//! Each phase is a list of writes, each guarded by the ones before it; one more write (an event row, say) is one
-//! more part in the list.
+//! Each phase is a list of writes, each guarded by the ones before it; the second one's last is the refund's
+//! event (the outbox: `events/outbox.rs`).
 
 use onceflow_engine::phase::{PhaseStep, SqlArg, StatementPhase};
 use onceflow_engine::{Failure, Interrupt, StepSpec, Store, WorkflowContext};
 
 use super::refund::{RefundPhase, RefundSteps};
 use super::statement::{PhaseDialect, decode};
+use crate::events::outbox;
 use crate::model::{RefundInput, StoredResponse};
 
 /// Runs phase 1 (see [`super::RefundStore::reserve_refund`]) as one statement phase in dialect `d`.
@@ -80,7 +81,7 @@ fn reserve(d: PhaseDialect, i: &RefundInput, now: i64, steps: RefundSteps, not_c
         &format!(
             "UPDATE payments SET refund_reserved = refund_reserved + $8, updated_at = $5 \
              WHERE tenant = $2 AND request_no = $7 AND status = 'succeeded' \
-             AND refunded_amount + refund_reserved + $8 <= amount AND {recorded}"
+             AND $8 <= amount - refunded_amount - refund_reserved AND {recorded}"
         ),
     ));
     let args = vec![
@@ -183,7 +184,7 @@ fn confirm(
              updated_at = $5 WHERE token = $6 AND state = 'in_use' AND {ended}"
         ),
     ));
-    let args = vec![
+    let mut args = vec![
         SqlArg::Text(i.tenant.clone()),
         SqlArg::Text(i.refund_no.as_str().to_owned()),
         SqlArg::Text(i.request_no.as_str().to_owned()),
@@ -196,5 +197,9 @@ fn confirm(
         SqlArg::Text(serde_json::to_string(response).unwrap_or_default()),
     ];
     let confirmed = format!("{ended} AND {moved} AND {}", d.wrote("r_token"));
+    // The outbox: the refund's `refund.succeeded`, written only with the outcome (and once: its id is the
+    // refund's). Not part of the guard: an event already there is no reason to refuse the outcome.
+    let event = outbox::phase_insert(&i.succeeded_event(response, now), &confirmed, &mut args);
+    parts.extend(d.write("r_event", &event));
     StatementPhase::new(parts, args, vec![PhaseStep::new(spec, "$10")]).guard(confirmed, not_processing)
 }

@@ -152,10 +152,10 @@ where
         status: PaymentStatus,
         code: Option<String>,
         now: i64,
-    ) -> Sql<'c, ()> {
+    ) -> Sql<'c, bool> {
         let (decline_code, failure_code) = if status == PaymentStatus::Declined { (code, None) } else { (None, code) };
         Box::pin(async move {
-            sqlx::query(
+            let done = sqlx::query(
                 "UPDATE payments SET status = $3, decline_code = COALESCE($4, decline_code), \
                  failure_code = COALESCE($7, failure_code), updated_at = $5 \
                  WHERE tenant = $1 AND request_no = $2 AND token = $6 AND status = 'processing'",
@@ -169,7 +169,7 @@ where
             .bind(failure_code)
             .execute(conn)
             .await?;
-            Ok(())
+            Ok(S::rows_affected(&done) == 1)
         })
     }
 

@@ -2,15 +2,17 @@
 //! sent with its commit as one call (Postgres: one statement of data-modifying CTEs; SQLite: one multi-statement
 //! call to the writer), so a payment's phase costs one round trip instead of a transaction of four to six. The
 //! outputs are the JSON MySQL's closure steps store (`true`, `"Reserved"`, the stored response), so a
-//! workflow's step rows read the same on every backend.
+//! workflow's step rows read the same on every backend. The second phase writes the payment's event too (the
+//! outbox: `events/outbox.rs`).
 
 use onceflow_engine::phase::{PhaseStep, SqlArg, StatementPhase};
 use onceflow_engine::store::SQLITE_PHASE_FLAGS;
 use onceflow_engine::{Failure, Interrupt, Store, WorkflowContext};
 
 use super::{Reserve, ReserveSteps};
+use crate::events::outbox;
 use crate::model::PaymentInput;
-use crate::model::StoredResponse;
+use crate::model::{PaymentEnd, StoredResponse};
 
 /// Runs phase 1 (see [`super::PaymentStore::reserve`]) as one statement phase in dialect `d`.
 pub(super) async fn run_reserve<S: Store>(
@@ -175,7 +177,7 @@ fn confirm(
              updated_at = $5 WHERE token = $6 AND state = 'in_use' AND {paying}"
         ),
     ));
-    let args = vec![
+    let mut args = vec![
         SqlArg::Text(i.tenant.clone()),
         SqlArg::Text(i.order_no.as_str().to_owned()),
         SqlArg::Text(i.request_no.as_str().to_owned()),
@@ -187,5 +189,10 @@ fn confirm(
         SqlArg::Text(serde_json::to_string(response).unwrap_or_default()),
     ];
     let paid = format!("{paying} AND {} AND {}", d.wrote("p_record"), d.wrote("p_token"));
+    // The outbox: the payment's `payment.succeeded`, written only with the outcome (and once: its id is the
+    // payment's). Not part of the guard: an event already there is no reason to refuse the outcome.
+    let end = PaymentEnd::Succeeded { charge_id: charge_id.to_owned(), refunded: 0 };
+    let event = outbox::phase_insert(&i.event(&end, now), &paid, &mut args);
+    parts.extend(d.write("p_event", &event));
     StatementPhase::new(parts, args, vec![PhaseStep::new(spec, "$9")]).guard(paid, not_paying)
 }

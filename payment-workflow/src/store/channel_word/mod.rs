@@ -40,9 +40,11 @@ pub struct ChannelWord {
     pub body: String,
     /// When onceflow took it (ms).
     pub received_at: i64,
-    /// When the workflow holding the number applied it (phase B); `None` while it waits.
+    /// When it was taken up — applied by the workflow holding the number, or found to settle nothing (a number
+    /// onceflow does not hold, a final status it agrees with or contradicts, another payment's data); `None`
+    /// while it waits to be delivered.
     pub applied_at: Option<i64>,
-    /// What applying it came to.
+    /// What came of it ([`crate::notifications::WordOutcome`]).
     pub outcome: Option<String>,
 }
 
@@ -124,6 +126,17 @@ pub trait ChannelWordStore: Store {
         kind: &str,
         number: &str,
     ) -> impl Future<Output = Result<Vec<ChannelWord>, sqlx::Error>> + Send;
+    /// Marks the word `(merchant_id, notification_id)` taken up, with what came of it (`outcome`), unless it was
+    /// taken up before; whether this marked it.
+    fn mark_word(
+        &self,
+        merchant_id: &str,
+        notification_id: &str,
+        outcome: &str,
+        now: i64,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
+    /// Up to `limit` words not taken up yet, oldest first (few: each is taken up as soon as it is delivered).
+    fn unapplied_words(&self, limit: i64) -> impl Future<Output = Result<Vec<ChannelWord>, sqlx::Error>> + Send;
     /// How many words are recorded, all sources (for tests and the benchmark).
     fn count_words(&self) -> impl Future<Output = Result<i64, sqlx::Error>> + Send;
 

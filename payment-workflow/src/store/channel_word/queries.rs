@@ -42,6 +42,29 @@ macro_rules! channel_word_store {
                 q.build_query_as().fetch_all(self.pool()).await
             }
 
+            async fn mark_word(
+                &self,
+                merchant_id: &str,
+                notification_id: &str,
+                outcome: &str,
+                now: i64,
+            ) -> Result<bool, sqlx::Error> {
+                let mut q = QueryBuilder::<$db>::new("UPDATE channel_notifications SET applied_at = ");
+                q.push_bind(now).push(", outcome = ").push_bind(outcome.to_owned());
+                q.push(" WHERE merchant_id = ").push_bind(merchant_id.to_owned());
+                q.push(" AND notification_id = ").push_bind(notification_id.to_owned()).push(" AND applied_at IS NULL");
+                Ok(q.build().execute(self.write_pool()).await?.rows_affected() == 1)
+            }
+
+            async fn unapplied_words(&self, limit: i64) -> Result<Vec<ChannelWord>, sqlx::Error> {
+                // Through the index of what is still to deliver (partial on Postgres and SQLite).
+                let mut q = QueryBuilder::<$db>::new(
+                    "SELECT * FROM channel_notifications WHERE applied_at IS NULL ORDER BY received_at LIMIT ",
+                );
+                q.push_bind(limit);
+                q.build_query_as().fetch_all(self.pool()).await
+            }
+
             async fn count_words(&self) -> Result<i64, sqlx::Error> {
                 QueryBuilder::<$db>::new("SELECT COUNT(*) FROM channel_notifications")
                     .build_query_scalar()

@@ -95,7 +95,7 @@ impl PaymentStore for MySqlStore {
         status: PaymentStatus,
         code: Option<String>,
         now: i64,
-    ) -> Sql<'c, ()> {
+    ) -> Sql<'c, bool> {
         let ended = if status == PaymentStatus::Declined {
             steps::Ended { decline_code: code, ..steps::Ended::default() }
         } else {

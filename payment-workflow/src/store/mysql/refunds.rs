@@ -7,6 +7,7 @@ use sqlx::MySqlConnection;
 
 use super::inserted;
 use super::steps::{claim_token, complete_token};
+use crate::events::EventStore;
 use crate::model::{
     Currency, OrderNo, RefundInput, RefundNo, RefundRecord, RefundRecorded, RequestNo, StoredResponse, Token,
     TokenRecord,
@@ -65,6 +66,7 @@ impl RefundStore for MySqlStore {
         not_processing: Failure,
     ) -> Result<StoredResponse, Interrupt> {
         let input = i.clone();
+        let event = i.succeeded_event(&response, now);
         ctx.transactional(spec, move |c| -> BoxFuture<'_, _> {
             Box::pin(async move {
                 let token = input.token.clone();
@@ -72,6 +74,8 @@ impl RefundStore for MySqlStore {
                     return Err(StepError::Terminal(not_processing));
                 }
                 complete_token(&mut *c, token, i32::from(response.status), response.body.clone(), now).await?;
+                // The outbox: the refund's `refund.succeeded`, in the outcome's transaction.
+                MySqlStore::write_event(&mut *c, &event).await?;
                 Ok(response)
             })
         })
@@ -240,7 +244,7 @@ async fn reserve_amount(
     let done = sqlx::query(
         "UPDATE payments SET refund_reserved = refund_reserved + ?, updated_at = ? \
          WHERE tenant = ? AND request_no = ? AND status = 'succeeded' \
-         AND refunded_amount + refund_reserved + ? <= amount",
+         AND ? <= amount - refunded_amount - refund_reserved",
     )
     .bind(amount)
     .bind(now)

@@ -1,14 +1,15 @@
 //! The saga's steps on MySQL / MariaDB: each phase's writes as closure steps sharing the workflow's
 //! transaction, which commits with the next external step (phase 1, with the channel call's intent) or the
-//! workflow's end (phase 2). Step outputs are the JSON the statement phases of Postgres and SQLite return, so a
-//! workflow's rows read the same on every backend.
+//! workflow's end (phase 2, with the payment's event: the outbox). Step outputs are the JSON the statement
+//! phases of Postgres and SQLite return, so a workflow's rows read the same on every backend.
 
 use onceflow_engine::{BoxFuture, Failure, Interrupt, MySqlStore, StepError, StepSpec, WorkflowContext};
 use sqlx::MySqlConnection;
 
 use super::inserted;
-use crate::model::PaymentInput;
+use crate::events::EventStore;
 use crate::model::{Currency, OrderNo, OrderStatus, PaymentStatus, RequestNo, StoredResponse, Token};
+use crate::model::{PaymentEnd, PaymentInput};
 use crate::store::{Reserve, ReserveSteps};
 
 /// Phase 1 (see [`crate::PaymentStore::reserve`]): three closure steps in one transaction. A token that cannot
@@ -70,6 +71,7 @@ pub(super) async fn confirm(
 ) -> Result<StoredResponse, Interrupt> {
     let (tenant, order_no, request_no, token) =
         (i.tenant.clone(), i.order_no.clone(), i.request_no.clone(), i.token.clone());
+    let event = i.event(&PaymentEnd::Succeeded { charge_id: charge_id.clone(), refunded: 0 }, now);
     ctx.transactional(spec, move |c| -> BoxFuture<'_, _> {
         Box::pin(async move {
             if !move_order(&mut *c, tenant.clone(), order_no, request_no.clone(), OrderStatus::Paid, now).await? {
@@ -79,6 +81,9 @@ pub(super) async fn confirm(
             let ended = Ended { charge_id: Some(charge_id), ..Ended::default() };
             set_payment_status(&mut *c, tenant, request_no, token.clone(), succeeded, ended, now).await?;
             complete_token(&mut *c, token, i32::from(response.status), response.body.clone(), now).await?;
+            // The outbox: the payment's `payment.succeeded`, in the outcome's transaction (once: its id is the
+            // payment's).
+            MySqlStore::write_event(&mut *c, &event).await?;
             Ok(response)
         })
     })
@@ -211,7 +216,7 @@ pub(super) struct Ended {
     pub(super) failure_code: Option<String>,
 }
 
-/// The status (and what `ended` records) of this payment's record while it is `processing`; see
+/// The status (and what `ended` records) of this payment's record while it is `processing`; whether it did. See
 /// [`crate::PaymentStore::fail_payment`].
 pub(super) async fn set_payment_status(
     conn: &mut MySqlConnection,
@@ -221,8 +226,8 @@ pub(super) async fn set_payment_status(
     status: PaymentStatus,
     ended: Ended,
     now: i64,
-) -> Result<(), StepError> {
-    sqlx::query(
+) -> Result<bool, StepError> {
+    let done = sqlx::query(
         "UPDATE payments SET status = ?, charge_id = COALESCE(?, charge_id), \
          decline_code = COALESCE(?, decline_code), failure_code = COALESCE(?, failure_code), updated_at = ? \
          WHERE tenant = ? AND request_no = ? AND token = ? AND status = 'processing'",
@@ -237,7 +242,7 @@ pub(super) async fn set_payment_status(
     .bind(token)
     .execute(conn)
     .await?;
-    Ok(())
+    Ok(done.rows_affected() == 1)
 }
 
 /// See [`crate::PaymentStore::complete_token`].
