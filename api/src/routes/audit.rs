@@ -43,8 +43,10 @@ pub struct ActionBody {
 /// browser post an action to the service (a form's or a `no-cors` fetch's request needs no permission): so an
 /// action is taken only when
 ///
-/// - it says `Content-Type: application/json` (even without a body), which no page of another origin can send
-///   without the browser asking this server first, and this server allows no other origin (`415` otherwise);
+/// - a body, when it has one, says `Content-Type: application/json`, which no page of another origin can send
+///   without the browser asking this server first, and this server allows no other origin (`415` otherwise); a
+///   request without a body (the contract's retry or cancel as a plain `POST`) carries nothing a form could
+///   forge, and a browser's cross-site one is refused by the next rule;
 /// - its `Sec-Fetch-Site`, when the browser sends one, is `same-origin` or `none` (`same-site` is refused too: a
 ///   page on another port of `localhost` is the same site), and its `Origin`, when sent, is this server's own:
 ///   the host it was asked for (`Host`, or behind a proxy `X-Forwarded-Host`) (`403` otherwise).
@@ -57,9 +59,7 @@ impl<S: Send + Sync, T: DeserializeOwned + Default> FromRequest<S> for ActionJso
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
         from_this_site(&req)?;
-        if !is_json(req.headers()) {
-            return Err(unsupported_media_type());
-        }
+        let json = is_json(req.headers());
         let body = Bytes::from_request(req, state).await.map_err(|e| {
             if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
                 payload_too_large()
@@ -69,6 +69,9 @@ impl<S: Send + Sync, T: DeserializeOwned + Default> FromRequest<S> for ActionJso
         })?;
         if body.iter().all(u8::is_ascii_whitespace) {
             return Ok(Self(T::default()));
+        }
+        if !json {
+            return Err(unsupported_media_type());
         }
         // `null` is no body too (the document's body is optional, which JSON Schema says as nullable).
         let parsed: Option<T> =

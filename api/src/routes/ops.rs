@@ -181,7 +181,7 @@ pub async fn list_workflows<S: PaymentStore>(
 /// Retries a failed workflow (compensation_failed: its compensations; failed with nothing compensated: forward).
 #[utoipa::path(post, path = "/v1/workflows/{workflow_id}/retry", tag = "operations",
     params(("workflow_id" = String, Path, description = "The workflow")),
-    request_body(content = crate::routes::audit::ActionBody, description = "Why, optionally (kept in the audit log): `{}` for no reason. Asked for as application/json, even without a body", content_type = "application/json"),
+    request_body(content = Option<crate::routes::audit::ActionBody>, description = "Optional: why (kept in the audit log)"),
     responses(
         (status = 200, description = "Reopened", body = WorkflowBody),
         (status = 403, description = "forbidden: a tenant key (retry is for operators), or a browser's request for another site's page", body = crate::error::Problem),
@@ -207,7 +207,7 @@ pub async fn retry_workflow<S: PaymentStore>(
 /// Cancels a running workflow: any current run is fenced out and the compensations run.
 #[utoipa::path(post, path = "/v1/workflows/{workflow_id}/cancel", tag = "operations",
     params(("workflow_id" = String, Path, description = "The workflow")),
-    request_body(content = crate::routes::audit::ActionBody, description = "Why, optionally (kept in the audit log): `{}` for no reason. Asked for as application/json, even without a body", content_type = "application/json"),
+    request_body(content = Option<crate::routes::audit::ActionBody>, description = "Optional: why (kept in the audit log)"),
     responses(
         (status = 200, description = "Cancelling", body = WorkflowBody),
         (status = 403, description = "forbidden: a tenant key (cancel is for operators), or a browser's request for another site's page", body = crate::error::Problem),
@@ -253,7 +253,7 @@ pub struct QueryChannelBody {
 /// is made at once (`Engine::wake`) rather than at its `next_attempt_at`. Operators only.
 #[utoipa::path(post, path = "/v1/workflows/{workflow_id}/query-channel", tag = "operations",
     params(("workflow_id" = String, Path, description = "The workflow")),
-    request_body(content = crate::routes::audit::ActionBody, description = "Why, optionally (kept in the audit log): `{}` for no reason. Asked for as application/json, even without a body", content_type = "application/json"),
+    request_body(content = Option<crate::routes::audit::ActionBody>, description = "Optional: why (kept in the audit log)"),
     responses(
         (status = 200, description = "Woken; the workflow a moment later", body = QueryChannelBody),
         (status = 403, description = "forbidden: a tenant key (query-channel is for operators), or a browser's request for another site's page", body = crate::error::Problem),
