@@ -28,9 +28,9 @@ pub struct RefundRequestBody {
     /// The refund's number, unique per tenant forever; derived from the token when absent.
     #[serde(default)]
     pub refund_no: Option<RefundNo>,
-    /// Why, in the merchant's words.
+    /// Why, in the merchant's words (at most 500 characters, no control characters but line breaks and tabs).
     #[serde(default)]
-    #[schema(max_length = 500)]
+    #[schema(max_length = 500, pattern = r"^[^\u0000-\u0008\u000b\u000c\u000e-\u001f\u007f-\u009f]*$")]
     pub reason: Option<String>,
 }
 
