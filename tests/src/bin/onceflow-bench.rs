@@ -12,6 +12,8 @@
 //! commands through `onceflow consume` on a RabbitMQ broker (`AMQP_URL`, default the local guest one).
 //! `refunds/postgres`: refunds through the service as a library, each refunding a paid payment whole, beside
 //! `library/postgres`'s payments of the same run (`--only library/postgres,refunds/postgres`).
+//! `notify/postgres`: signed channel notifications posted to `onceflow serve` on Postgres while it takes the
+//! HTTP payment load, with the payment rate of the same window and of a run without notifications.
 
 use onceflow_engine::{MySqlStore, SqliteStore};
 use onceflow_payments::PaymentStore;
@@ -25,6 +27,8 @@ mod library;
 mod measure;
 #[path = "onceflow-bench/mq.rs"]
 mod mq;
+#[path = "onceflow-bench/notify.rs"]
+mod notify;
 #[path = "onceflow-bench/options.rs"]
 mod options;
 #[path = "onceflow-bench/refunds.rs"]
@@ -79,6 +83,14 @@ async fn main() -> anyhow::Result<()> {
         stormed.push(("Postgres", http::storm(&pg, &o).await?));
     }
 
+    let mut notified = None;
+    if o.wants("notify/postgres") {
+        let n = notify::postgres(&base, &o).await?;
+        notified = Some((n.notifications, n.loaded.rate(), n.solo.rate()));
+        runs.push(n.solo);
+        runs.push(n.loaded);
+    }
+
     if o.wants("mq/postgres") {
         let amqp = std::env::var("AMQP_URL").unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into());
         let pg_url = fresh_db(&base, "onceflow_bench_mq")?;
@@ -131,5 +143,8 @@ async fn main() -> anyhow::Result<()> {
     report::table(&runs, seed, floor);
     report::paired(paired);
     report::storms(stormed, o.storm);
+    if let Some((notifications, paid, solo)) = notified {
+        report::notifications(&notifications, paid, solo);
+    }
     Ok(())
 }

@@ -19,6 +19,11 @@ impl Drop for Server {
 }
 
 impl Server {
+    /// `http://127.0.0.1:<port>`.
+    pub(crate) fn base(&self) -> &str {
+        &self.base
+    }
+
     fn peak_rss_kib(&self) -> Option<u64> {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).ok()?;
         status.lines().find_map(|l| l.strip_prefix("VmHWM:")).and_then(|v| v.split_whitespace().next()?.parse().ok())
@@ -27,6 +32,11 @@ impl Server {
 
 /// Starts `onceflow serve` on `database_url` and waits until it answers `/healthz`.
 pub(crate) async fn serve(database_url: &str) -> anyhow::Result<Server> {
+    serve_with(database_url, &[]).await
+}
+
+/// [`serve`], with `extra` arguments after the usual ones (`--channel-notify-secrets …`).
+pub(crate) async fn serve_with(database_url: &str, extra: &[&str]) -> anyhow::Result<Server> {
     let exe = std::env::current_exe()?.with_file_name("onceflow");
     anyhow::ensure!(exe.exists(), "{} not found: run `cargo build --release --workspace` first", exe.display());
     let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
@@ -40,6 +50,7 @@ pub(crate) async fn serve(database_url: &str) -> anyhow::Result<Server> {
             "--channel-url",
             "mock",
         ])
+        .args(extra)
         .env("RUST_LOG", "warn")
         .stdout(std::process::Stdio::null())
         .spawn()?;

@@ -1,5 +1,5 @@
 //! What the bench prints at the end: the table of every scenario against the baselines, the paired rounds'
-//! ratios and the storms.
+//! ratios, the storms and the notifications taken under load.
 
 use std::time::Duration;
 
@@ -76,4 +76,21 @@ pub(crate) fn storms(stormed: Vec<(&str, (Duration, usize))>, storm: u64) {
             storm_charges
         );
     }
+}
+
+/// `notify/postgres`: the notifications taken while `notify/postgres` paid at `paid`/s, and that rate against
+/// `solo`/s, the payments of `notify/postgres solo` (the same server and flags, no notifications).
+pub(crate) fn notifications(notifications: &Run, paid: f64, solo: f64) {
+    println!(
+        "\nnotify/postgres: {} notifications taken in {:.1} s, {:.0}/s (p50 {:.1} ms, p99 {:.1} ms), beside {:.0} \
+         payments/s in the same window: {:.2}x the {:.0} payments/s of notify/postgres solo (no notifications)",
+        notifications.done,
+        notifications.secs,
+        notifications.rate(),
+        notifications.percentile_ms(0.50),
+        notifications.percentile_ms(0.99),
+        paid,
+        paid / solo,
+        solo
+    );
 }
