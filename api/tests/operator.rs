@@ -52,6 +52,7 @@ on_every_backend!(
     a_redelivery_is_on_the_record,
     search_finds_refunds_events_and_any_tenants_charge,
     a_charge_id_is_looked_up_through_an_index,
+    a_search_by_order_reads_one_page_of_its_attempts,
 );
 
 const ACME: &str = "acme-secret-key";
@@ -609,4 +610,23 @@ async fn unresolved_refunds_are_listed_with_their_age(url: String) {
     );
     let none = globex.get("/v1/unresolved").await.json();
     assert_eq!((none["refund_count"].as_i64(), none["refunds"].as_array().map(Vec::len)), (Some(0), Some(0)), "{none}");
+}
+
+/// Found by review: a search by order number read every payment of the order (each refused attempt on a paid order
+/// is a record, kept for good, so a tenant could make that read as long as it liked) before the 50-match cap. It
+/// reads one page, newest first: 60 attempts are 50 matches, the paid one (the oldest) not among them.
+async fn a_search_by_order_reads_one_page_of_its_attempts(url: String) {
+    let (app, _channel) = app_over_channel(&url, Duration::ZERO).await;
+    let acme = as_key(&app, ACME);
+    acme.order("O-1", 1000).await;
+    let paid = acme.pay(&acme.token().await, pay_body("O-1")).await;
+    assert_eq!(paid.status, 201, "{}", paid.text);
+    for _ in 0..59 {
+        acme.pay(&acme.token().await, pay_body("O-1")).await.assert_problem(409, "order_not_payable");
+    }
+    let answer = acme.get("/v1/search?q=O-1").await;
+    assert_eq!(answer.status, 200, "{}", answer.text);
+    let matches = answer.json()["matches"].as_array().unwrap().clone();
+    assert_eq!(matches.len(), 50, "{}", answer.text);
+    assert!(matches.iter().all(|m| m["payment"]["status"] == "failed"), "the newest first: {}", answer.text);
 }

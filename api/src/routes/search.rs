@@ -103,7 +103,10 @@ pub async fn search<S: PaymentStore>(
             found.payment(&state, "request_no", p).await?;
         }
         if let Ok(order_no) = OrderNo::parse(q) {
-            let payments = state.payments.payments_of_order(tenant, &order_no).await?;
+            // The newest, one page: an order keeps every refused attempt as a record, so reading them all would
+            // let a tenant make this read as long as it likes.
+            let page = i64::try_from(MAX_MATCHES).unwrap_or(i64::MAX);
+            let payments = state.payments.payments_of_order_page(tenant, &order_no, None, page).await?;
             if payments.is_empty()
                 && let Some(order) = state.payments.order(tenant, &order_no).await?
             {
