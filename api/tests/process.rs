@@ -101,6 +101,7 @@ async fn the_readme_walkthrough_runs() {
     assert!(printed.to_lowercase().contains("idempotent-replayed: true"), "{printed}");
     assert!(printed.contains("idempotency_key_mismatch"), "{printed}");
     assert!(printed.contains("\"step_key\":\"call_channel\""), "{printed}");
+    assert!(printed.contains("\"refund_no\":\"RF-1\"") && printed.contains("\"status\":\"succeeded\""), "{printed}");
 }
 
 /// `onceflow workflows show` prints what `GET /v1/workflows/{id}` answers, for people: RFC 3339 times, the input,
