@@ -14,11 +14,17 @@
 //! `library/postgres`'s payments of the same run (`--only library/postgres,refunds/postgres`).
 //! `notify/postgres`: signed channel notifications posted to `onceflow serve` on Postgres while it takes the
 //! HTTP payment load, with the payment rate of the same window and of a run without notifications.
+//! `events/postgres`: the HTTP payment load on Postgres without a webhook endpoint and with one subscribed (a
+//! receiver in the bench), then every event checked in the log and at the receiver (`--only events`).
+//! `tracing/postgres`: the HTTP payment load on Postgres without tracing and exporting it over OTLP/HTTP to a
+//! receiver in the bench (`--only tracing`).
 
 use onceflow_engine::{MySqlStore, SqliteStore};
 use onceflow_payments::PaymentStore;
 use onceflow_tests::baseline::{fresh_db, pgbench};
 
+#[path = "onceflow-bench/events.rs"]
+mod events;
 #[path = "onceflow-bench/http.rs"]
 mod http;
 #[path = "onceflow-bench/library.rs"]
@@ -31,6 +37,8 @@ mod mq;
 mod notify;
 #[path = "onceflow-bench/options.rs"]
 mod options;
+#[path = "onceflow-bench/receiver.rs"]
+mod receiver;
 #[path = "onceflow-bench/refunds.rs"]
 mod refunds;
 #[path = "onceflow-bench/report.rs"]
@@ -39,6 +47,8 @@ mod report;
 mod retention;
 #[path = "onceflow-bench/seed.rs"]
 mod seed;
+#[path = "onceflow-bench/tracing.rs"]
+mod tracing;
 
 use seed::{fresh_mysql_db, remove_sqlite, seed_mysql, seed_pg, seed_sqlite};
 
@@ -89,6 +99,22 @@ async fn main() -> anyhow::Result<()> {
         notified = Some((n.notifications, n.loaded.rate(), n.solo.rate()));
         runs.push(n.solo);
         runs.push(n.loaded);
+    }
+
+    let mut evented = None;
+    if o.wants("events/postgres") {
+        let e = events::postgres(&base, &o).await?;
+        evented = Some((e.checked, e.with.rate(), e.without.rate()));
+        runs.push(e.without);
+        runs.push(e.with);
+    }
+
+    let mut traced = None;
+    if o.wants("tracing/postgres") {
+        let t = tracing::postgres(&base, &o).await?;
+        traced = Some((t.exports, t.with.rate(), t.without.rate()));
+        runs.push(t.without);
+        runs.push(t.with);
     }
 
     if o.wants("mq/postgres") {
@@ -145,6 +171,12 @@ async fn main() -> anyhow::Result<()> {
     report::storms(stormed, o.storm);
     if let Some((notifications, paid, solo)) = notified {
         report::notifications(&notifications, paid, solo);
+    }
+    if let Some((checked, with, without)) = evented {
+        report::events(&checked, with, without);
+    }
+    if let Some((exports, with, without)) = traced {
+        report::tracing(&exports, with, without);
     }
     Ok(())
 }

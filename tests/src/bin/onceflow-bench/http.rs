@@ -3,8 +3,11 @@
 
 use std::time::{Duration, Instant};
 
+use onceflow_tests::baseline::fresh_db;
+
 use super::measure::{Run, drive};
 use super::options::Options;
+use super::seed::seed_pg;
 
 pub(crate) struct Server {
     child: std::process::Child,
@@ -61,6 +64,20 @@ pub(crate) async fn serve_with(database_url: &str, extra: &[&str]) -> anyhow::Re
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     Ok(server)
+}
+
+/// [`serve_with`] on a fresh Postgres database `name` of `base`'s server, seeded for `o.count` payments; with the
+/// database's URL. The `…/postgres` scenarios that compare one server's flags with another's start both so.
+pub(crate) async fn serve_seeded(
+    base: &str,
+    name: &str,
+    o: &Options,
+    extra: &[&str],
+) -> anyhow::Result<(Server, String)> {
+    let url = fresh_db(base, name)?;
+    let server = serve_with(&url, extra).await?;
+    seed_pg(&url, o.count).await?;
+    Ok((server, url))
 }
 
 /// Drives `o.count` payments through the server, `o.concurrency` at a time; with the server's peak RSS.

@@ -13,12 +13,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use onceflow_payments::signature;
-use onceflow_tests::baseline::fresh_db;
 
 use super::http::{self, Server};
 use super::measure::Run;
 use super::options::Options;
-use super::seed::seed_pg;
 
 /// The channel merchant of tenant `default` (its name) and the secret its notifications are signed with.
 const MERCHANT: &str = "default";
@@ -35,11 +33,8 @@ pub(crate) struct Notified {
 /// `onceflow serve` taking the merchant's notifications, on a fresh database `name` seeded for `o.count`
 /// payments; with the database's URL.
 async fn server(base: &str, name: &str, o: &Options) -> anyhow::Result<(Server, String)> {
-    let url = fresh_db(base, name)?;
     let secrets = format!("{MERCHANT}:{SECRET}");
-    let server = http::serve_with(&url, &["--channel-notify-secrets", &secrets]).await?;
-    seed_pg(&url, o.count).await?;
-    Ok((server, url))
+    http::serve_seeded(base, name, o, &["--channel-notify-secrets", &secrets]).await
 }
 
 /// Runs both halves (see the module) on fresh databases of `base`'s server.

@@ -69,7 +69,7 @@ pub(crate) fn parse() -> anyhow::Result<Options> {
             ("--help" | "-h", _) => {
                 println!(
                     "onceflow-bench [--concurrency 16] [--count 8000] [--duration-secs 60] [--storm 1000] \
-                     [--only library|http|mq|refunds|notify|http/postgres,mq/postgres|…] [--pool CONNECTIONS] \
+                     [--only library|http|mq|refunds|notify|events|tracing|http/postgres,mq/postgres|…] [--pool CONNECTIONS] \
                      [--rounds 1] [--gc-every 10s [--history-retention 0s] [--vacuum]]"
                 );
                 std::process::exit(0);

@@ -1,9 +1,11 @@
 //! What the bench prints at the end: the table of every scenario against the baselines, the paired rounds'
-//! ratios, the storms and the notifications taken under load.
+//! ratios, the storms, the notifications taken under load, and the rates with and without webhooks or tracing.
 
 use std::time::Duration;
 
+use super::events::Checked;
 use super::measure::Run;
+use super::tracing::Exports;
 
 /// Every scenario's payments/s, latencies and ratios to `seed_pay` and `floor_pay`.
 pub(crate) fn table(runs: &[Run], seed: f64, floor: f64) {
@@ -92,5 +94,37 @@ pub(crate) fn notifications(notifications: &Run, paid: f64, solo: f64) {
         paid,
         paid / solo,
         solo
+    );
+}
+
+/// `events/postgres`: payments/s `with` one webhook endpoint subscribed against `without`, from the same run, and
+/// what the receiver and the log showed.
+pub(crate) fn events(c: &Checked, with: f64, without: f64) {
+    println!(
+        "\nevents/postgres: {with:.0} payments/s with one webhook endpoint subscribed, {without:.0}/s without: \
+         {:.2}x. {} events in the log paged from start to end (one payment.succeeded per payment), all {} delivered \
+         ({} deliveries) {:.1} s after the last payment; {} event(s) delivered more than once, {} delivery(ies) of \
+         one attempt twice",
+        with / without,
+        c.logged,
+        c.delivered,
+        c.requests,
+        c.drained.as_secs_f64(),
+        c.repeated,
+        c.doubled
+    );
+}
+
+/// `tracing/postgres`: payments/s `with` traces exported against `without`, from the same run, and the export
+/// requests the receiver got.
+pub(crate) fn tracing(e: &Exports, with: f64, without: f64) {
+    println!(
+        "\ntracing/postgres: {with:.0} payments/s exporting traces over OTLP/HTTP, {without:.0}/s without: {:.2}x. \
+         {} trace export requests by the end of the payments, {} ({:.1} MiB) {} s later",
+        with / without,
+        e.at_end,
+        e.settled,
+        e.bytes as f64 / 1_048_576.0,
+        e.settle.as_secs()
     );
 }
