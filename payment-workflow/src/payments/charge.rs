@@ -252,22 +252,17 @@ pub(super) async fn undo_charge<S: ChannelWordStore>(
             tracing::warn!(request_no = %i.request_no, status, %body, "the channel refused the refund");
             match channel.query_refund(&refund.merchant_id, &refund.merchant_refund_no).await {
                 Ok(Some(r)) => r,
-                Ok(None) | Err(ChannelError::Refused { .. }) => {
+                Ok(None) => {
                     return kept(format!("the channel refused refund {} ({status})", refund.merchant_refund_no));
                 }
+                // Not answered (refused too, or unknown): what the number holds is not known, so neither is
+                // whether the money came back. Asked again, never taken for "nothing refunded".
                 Err(e) => return Err(unknown(e)),
             }
         }
         Err(e) => return Err(unknown(e)),
     };
-    if let Some(part) = part_of(&held, &refund) {
-        tracing::warn!(request_no = %i.request_no, refund_no = %refund.merchant_refund_no, part, asked = refund.amount,
-            "the channel refunded part of the charge under this refund's number: the rest is kept");
-        let why =
-            format!("the channel refunded {part} of {} under refund {}", refund.amount, refund.merchant_refund_no);
-        return Ok(Undone::Kept { charge_id: charge_id.clone(), why, refunded: part });
-    }
-    if !held.matches(&refund) {
+    if !is_own(&held, &refund) {
         tracing::warn!(request_no = %i.request_no, refund_no = %refund.merchant_refund_no, answered = ?held,
             "the channel answered for another refund than the one asked: not believed, asked again");
         return Err(StepError::UnknownOutcome(format!(
@@ -286,7 +281,17 @@ pub(super) async fn undo_charge<S: ChannelWordStore>(
         _ => held,
     };
     match held.status {
-        RefundStatus::Succeeded => Ok(Undone::Refunded),
+        RefundStatus::Succeeded if held.amount == refund.amount => Ok(Undone::Refunded),
+        // Made under this refund's own number for part of the charge: the part is recorded as refunded, the rest
+        // kept; never taken for the whole, never asked again (the number is taken).
+        RefundStatus::Succeeded => {
+            let part = held.amount;
+            tracing::warn!(request_no = %i.request_no, refund_no = %refund.merchant_refund_no, part,
+                asked = refund.amount, "the channel refunded part of the charge under this refund's number: the rest is kept");
+            let why =
+                format!("the channel refunded {part} of {} under refund {}", refund.amount, refund.merchant_refund_no);
+            Ok(Undone::Kept { charge_id: charge_id.clone(), why, refunded: part })
+        }
         RefundStatus::Processing => Err(StepError::Pending(format!(
             "refund {} of charge {} is processing at the channel",
             refund.merchant_refund_no, request.merchant_request_no
@@ -297,14 +302,14 @@ pub(super) async fn undo_charge<S: ChannelWordStore>(
     }
 }
 
-/// What `held` gave back of the charge when it is `asked`'s own refund — the same merchant (when echoed), number
-/// and charge — succeeded for less than asked: a part of the charge, the rest kept.
-fn part_of(held: &Refund, asked: &RefundRequest) -> Option<i64> {
-    let own = held.merchant_id.as_deref().is_none_or(|m| m == asked.merchant_id)
+/// Whether `held` is `asked`'s own refund, whatever its status: the same merchant (when echoed), number and charge,
+/// for at most the amount asked (a channel may make it for less: see [`undo_charge`]).
+fn is_own(held: &Refund, asked: &RefundRequest) -> bool {
+    held.merchant_id.as_deref().is_none_or(|m| m == asked.merchant_id)
         && held.merchant_refund_no == asked.merchant_refund_no
-        && held.merchant_request_no == asked.merchant_request_no;
-    (own && held.status == RefundStatus::Succeeded && held.amount > 0 && held.amount < asked.amount)
-        .then_some(held.amount)
+        && held.merchant_request_no == asked.merchant_request_no
+        && held.amount > 0
+        && held.amount <= asked.amount
 }
 
 /// What a compensation waiting for this payment's `processing` charge waits for.

@@ -216,21 +216,21 @@ impl PaymentSaga {
     }
 }
 
-/// The way out of a charge the channel would not give back ([`Undone::Kept`]): the payment rolls forward. In one
-/// step — committed with the workflow's end — the order goes `paying → paid` (only under this payment's
-/// reservation), the record `succeeded` with the charge, the token `completed` with the charge's `201`; the
-/// workflow ends `completed` with that answer, its exception `kept_after_failed_refund` kept for operators (and
-/// logged, and counted). What the refund did give back of the charge, if anything, is recorded as refunded with
-/// it (the merchant may refund the rest). The compensations after the refund never run. Should the order no longer be this
-/// payment's (nothing moves it but this payment's own steps), nothing is written and the workflow ends
-/// `compensation_failed` for an operator.
-/// A charge kept ([`Undone::Kept`]).
+/// A charge kept ([`Undone::Kept`]): which, why, and what its refund did give back of it.
 struct Kept {
     charge_id: String,
     why: String,
     refunded: i64,
 }
 
+/// The way out of a charge the channel would not give back ([`Undone::Kept`]): the payment rolls forward. In one
+/// step — committed with the workflow's end — the order goes `paying → paid` (only under this payment's
+/// reservation), the record `succeeded` with the charge, the token `completed` with the charge's `201`; the
+/// workflow ends `completed` with that answer, its exception `kept_after_failed_refund` kept for operators (and
+/// logged, and counted). What the refund did give back of the charge, if anything, is recorded as refunded with
+/// it (the merchant may refund the rest). The compensations after the refund never run. Should the order no
+/// longer be this payment's (nothing moves it but this payment's own steps), nothing is written and the workflow
+/// ends `compensation_failed` for an operator.
 async fn keep_charge<S: PaymentStore>(
     ctx: &mut WorkflowContext<S>,
     i: &PaymentInput,
@@ -254,7 +254,7 @@ async fn keep_charge<S: PaymentStore>(
             }
             let ended = S::succeed_payment(&mut *c, tenant.clone(), request_no.clone(), token.clone(), charge, now);
             let ended = ended.await?;
-            if refunded > 0 {
+            if ended && refunded > 0 {
                 S::add_refunded(&mut *c, tenant, request_no, refunded, now).await?;
             }
             S::complete_token(&mut *c, token, 201, body, now).await?;

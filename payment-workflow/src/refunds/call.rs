@@ -88,9 +88,12 @@ async fn attempt_refund<S: ChannelWordStore>(
             match channel.query_refund(&request.merchant_id, no).await {
                 Ok(None) => Ok(RefundOutcome::Failed { status: Some(status), body }),
                 Ok(Some(held)) if held.matches(request) => settle(held),
+                // Another refund under this refund's number (the contract's `409`: the same number, another
+                // charge or amount): not this request's doing — the number is this refund's alone, bound to its
+                // fields — so this request was not carried out. Ended, for an operator to look at.
                 Ok(Some(held)) => {
                     tracing::warn!(merchant_refund_no = %no, ?held, "the channel holds another refund under this number");
-                    Err(StepError::UnknownOutcome("the channel holds another refund under this number".into()))
+                    Ok(RefundOutcome::Failed { status: Some(status), body })
                 }
                 // Not asked: as before queries, the refusal of a first request is final; after an attempt whose
                 // outcome is unknown, it says nothing of that attempt's request.

@@ -111,7 +111,8 @@ where
         Box::pin(async move {
             sqlx::query(
                 "UPDATE payments SET refunded_amount = refunded_amount + $1, updated_at = $2 \
-                 WHERE tenant = $3 AND request_no = $4",
+                 WHERE tenant = $3 AND request_no = $4 AND status = 'succeeded' \
+                 AND $1 <= amount - refunded_amount - refund_reserved",
             )
             .bind(amount)
             .bind(now)

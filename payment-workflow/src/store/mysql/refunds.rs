@@ -96,12 +96,14 @@ impl RefundStore for MySqlStore {
         Box::pin(async move {
             sqlx::query(
                 "UPDATE payments SET refunded_amount = refunded_amount + ?, updated_at = ? \
-                 WHERE tenant = ? AND request_no = ?",
+                 WHERE tenant = ? AND request_no = ? AND status = 'succeeded' \
+                 AND ? <= amount - refunded_amount - refund_reserved",
             )
             .bind(amount)
             .bind(now)
             .bind(tenant)
             .bind(request_no)
+            .bind(amount)
             .execute(&mut *conn)
             .await?;
             Ok(())
