@@ -111,8 +111,16 @@ pub(crate) fn refund(line: &StatementLine, compensation: Option<&PaymentRecord>)
         PaymentStatus::Processing => return if checks { Class::Resolved } else { Class::AmountMismatch },
         // Compensated: ours says the charge came back.
         PaymentStatus::Failed => refunded,
-        // A succeeded payment keeps its charge, a declined one had none: a refund of either contradicts ours.
-        PaymentStatus::Succeeded | PaymentStatus::Declined => false,
+        // A succeeded payment whose compensation's refund the channel failed, or made for part of the charge, rolled
+        // forward keeping the rest (the part recorded as refunded): that is what ours says. A whole refund of it
+        // contradicts ours.
+        PaymentStatus::Succeeded => {
+            let ours = line.merchant_request_no == p.request_no.as_str()
+                && (!refunded || (line.amount < p.amount && line.amount <= p.refunded_amount));
+            return if ours { Class::Matched } else { Class::StatusMismatch };
+        }
+        // A declined payment had no charge: a refund of it contradicts ours.
+        PaymentStatus::Declined => false,
     };
     match (same_status, checks) {
         (false, _) => Class::StatusMismatch,
@@ -196,5 +204,11 @@ mod tests {
             refund(&line(Refund, "R-refund", "failed", 100), Some(&payment("R", Failed, 100))),
             Class::StatusMismatch
         );
+        // Rolled forward: the compensation's refund failed, or gave back only the part the payment records.
+        let kept = payment("R", Succeeded, 100);
+        assert_eq!(refund(&line(Refund, "R-refund", "failed", 100), Some(&kept)), Class::Matched);
+        let part = PaymentRecord { refunded_amount: 50, ..payment("R", Succeeded, 100) };
+        assert_eq!(refund(&line(Refund, "R-refund", "succeeded", 50), Some(&part)), Class::Matched);
+        assert_eq!(refund(&line(Refund, "R-refund", "succeeded", 50), Some(&kept)), Class::StatusMismatch);
     }
 }
