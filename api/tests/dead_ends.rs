@@ -567,10 +567,10 @@ on_every_backend!(a_refund_answer_that_does_not_match:
     a_refund_answer_that_does_not_match_is_no_success_mysql => mysql,
 );
 
-/// The compensation's refund is answered `succeeded` for half the amount (the channel refunded half). Never a
-/// success: the order is not released for a second charge while half the money is kept. (The same request sent
-/// again is refused — the number is taken by another amount — so the payment rolls forward.)
-async fn a_refund_answer_that_does_not_match(url: &str) {
+/// A payment of 1000 for `O-1` whose charge is held `processing`, cancelled by an operator; then the charge
+/// succeeds and the compensation refunds it under `refunds` (the channel's refund mode). The app, the channel
+/// and the workflow's final view.
+async fn cancelled_while_charging(url: &str, refunds: RefundMode) -> (App, TestChannel, Value) {
     let channel = TestChannel::serve(Duration::ZERO, false).await;
     channel.set_charge_mode(ChargeMode::Processing);
     let app = common::start(url, http_channel(&channel), Auth::SingleTenant).await;
@@ -581,9 +581,17 @@ async fn a_refund_answer_that_does_not_match(url: &str) {
     let workflow_id = workflow_of(&token);
     let cancel = app.post(&format!("/v1/workflows/{workflow_id}/cancel"), json!({})).await;
     assert_eq!(cancel.status, 200, "{}", cancel.text);
-    channel.set_refund_mode(RefundMode::Half);
+    channel.set_refund_mode(refunds);
     channel.settle_charges("succeeded");
     let view = final_view(&app, &workflow_id, Duration::from_secs(20)).await;
+    (app, channel, view)
+}
+
+/// The compensation's refund is answered `succeeded` for half the amount (the channel refunded half). Never a
+/// success: the order is not released for a second charge while half the money is kept. (The half is recorded as
+/// refunded and the payment rolls forward, keeping the rest.)
+async fn a_refund_answer_that_does_not_match(url: &str) {
+    let (app, channel, view) = cancelled_while_charging(url, RefundMode::Half).await;
     let status = order_status(&app, "O-1").await;
     let kept = channel.kept("default", "O-1");
     assert!(!(status == "pending" && kept > 0), "order released with {kept} charge kept: {view}");
@@ -604,19 +612,7 @@ on_every_backend!(a_refusal_of_the_repeated_refund:
 /// says nothing of the number: what the channel holds under it is asked, the refund it made is the outcome, and
 /// the payment is undone (order payable again, nothing kept) — not rolled forward as if the money were kept.
 async fn a_refusal_of_the_repeated_refund(url: &str) {
-    let channel = TestChannel::serve(Duration::ZERO, false).await;
-    channel.set_charge_mode(ChargeMode::Processing);
-    let app = common::start(url, http_channel(&channel), Auth::SingleTenant).await;
-    app.order("O-1", 1000).await;
-    let token = app.token().await;
-    assert_eq!(pay_in_background(&app, &token, body("O-1", 1000, "R-1")).await.status, 202);
-    until("the charge reached the channel", Duration::from_secs(10), || channel.charges().len() == 1).await;
-    let workflow_id = workflow_of(&token);
-    let cancel = app.post(&format!("/v1/workflows/{workflow_id}/cancel"), json!({})).await;
-    assert_eq!(cancel.status, 200, "{}", cancel.text);
-    channel.set_refund_mode(RefundMode::LoseReplyBalanceFirst);
-    channel.settle_charges("succeeded");
-    let view = final_view(&app, &workflow_id, Duration::from_secs(20)).await;
+    let (app, channel, view) = cancelled_while_charging(url, RefundMode::LoseReplyBalanceFirst).await;
     assert_eq!(view["workflow"]["state"], "cancelled", "{view}");
     assert_eq!(order_status(&app, "O-1").await, "pending", "{view}");
     assert_eq!(channel.kept("default", "O-1"), 0);
