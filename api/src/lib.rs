@@ -41,7 +41,7 @@ pub mod telemetry;
 mod text;
 
 pub use app::app;
-pub use database::{OnPayments, redact, with_payments};
+pub use database::{OnPayments, Pool, redact, with_payments, with_payments_on};
 pub use error::ApiError;
 pub use openapi::ApiDoc;
 pub use routes::BODY_LIMIT;

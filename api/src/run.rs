@@ -13,7 +13,7 @@ use crate::config::{
     Command, ConfigError, DatabaseArgs, GcArgs, MockChannelArgs, ServeArgs, WorkflowsCommand, parse_api_keys,
     parse_operator_keys,
 };
-use crate::database::{OnPayments, redact, with_payments};
+use crate::database::{OnPayments, Pool, redact, with_payments, with_payments_on};
 use crate::state::{AppState, Auth};
 
 /// How long in-flight workflows get to reach a step boundary on shutdown.
@@ -156,7 +156,8 @@ async fn with_service_on<T: OnPayments>(
     task: T,
 ) -> Result<T::Output, ConfigError> {
     let config = EngineConfig { lease: Duration::from_millis(args.lease_ms.max(100)), ..EngineConfig::default() };
-    with_payments(&args.database.database_url, channel, config, args.db_max_connections, task).await
+    let pool = Pool { connections: args.db_max_connections, commit_slots: usize::from(args.commit_slots) };
+    with_payments_on(&args.database.database_url, channel, config, pool, task).await
 }
 
 /// Runs `task` on the service over the database of an operator command (which charges nothing).

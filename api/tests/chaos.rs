@@ -53,6 +53,9 @@ impl Fleet {
             .args(["--database-url", &self.db, "--listen", &format!("127.0.0.1:{port}")])
             .args(["--channel-url", &self.channel, "--channel-timeout-ms", "400"])
             .args(["--lease-ms", "1000", "--wait-ms", "2000"])
+            // One commit slot: commits that arrive together go as batches (group commit on Postgres), and the
+            // killer cuts batches short.
+            .args(["--commit-slots", "1"])
             .env("RUST_LOG", "error")
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -80,6 +83,8 @@ struct Tally {
     retries: AtomicU64,
     cancels: AtomicU64,
     kills: AtomicU64,
+    /// Batches of commits the killed `serve` processes had sent (group commit), read just before each kill.
+    batches: AtomicU64,
     violations: Mutex<Vec<String>>,
     /// Final answers per token, as each request finally got them.
     answers: Mutex<HashMap<String, Vec<(u16, String)>>>,
@@ -291,6 +296,9 @@ async fn chaos<S: PaymentStore>(db: String, store: S) {
                 }
                 n += 1;
                 let victim = (n * 7 + 1) % (PROCESSES + 1);
+                if victim < PROCESSES {
+                    tally.batches.fetch_add(batches_sent(&client, &fleet.base(victim)).await, Ordering::Relaxed);
+                }
                 {
                     let mut children = fleet.children.lock().await;
                     let _ = children[victim].kill();
@@ -393,13 +401,15 @@ async fn chaos<S: PaymentStore>(db: String, store: S) {
     let charged = snapshot.charges.iter().filter(|c| c.status == onceflow_payments::ChargeStatus::Succeeded).count();
     let declined = snapshot.charges.iter().filter(|c| c.status == onceflow_payments::ChargeStatus::Declined).count();
     println!(
-        "chaos: {secs} s, {} payments, {} requests ({} duplicates, {} retries), {} kills, {} cancels, {} charge \
-         calls, {charged} succeeded charges, {declined} declined, {} refunds ({} failed), {} violations",
+        "chaos: {secs} s, {} payments, {} requests ({} duplicates, {} retries), {} kills ({} batches of commits \
+         before them), {} cancels, {} charge calls, {charged} succeeded charges, {declined} declined, {} refunds \
+         ({} failed), {} violations",
         answers.len(),
         tally.requests.load(Ordering::Relaxed),
         tally.duplicates.load(Ordering::Relaxed),
         tally.retries.load(Ordering::Relaxed),
         tally.kills.load(Ordering::Relaxed),
+        tally.batches.load(Ordering::Relaxed),
         tally.cancels.load(Ordering::Relaxed),
         snapshot.charge_calls,
         snapshot.refunds.len(),
@@ -408,6 +418,17 @@ async fn chaos<S: PaymentStore>(db: String, store: S) {
     );
     assert!(violations.is_empty(), "violations:\n{}", violations.join("\n"));
     assert!(tally.kills.load(Ordering::Relaxed) > 0, "the run killed nothing");
+    if onceflow_engine::Store::backend(&store) == "postgres" {
+        assert!(tally.batches.load(Ordering::Relaxed) > 0, "no process sent a batch of commits before its kill");
+    }
+}
+
+/// `onceflow_commit_batches_total` of the process at `base` (0 when it cannot be read).
+async fn batches_sent(client: &reqwest::Client, base: &str) -> u64 {
+    let Ok(response) = client.get(format!("{base}/metrics")).send().await else { return 0 };
+    let text = response.text().await.unwrap_or_default();
+    let line = text.lines().find_map(|l| l.strip_prefix("onceflow_commit_batches_total "));
+    line.and_then(|v| v.trim().parse().ok()).unwrap_or(0)
 }
 
 /// Waits for every future (a few, so sequential polling through a join set is plenty).

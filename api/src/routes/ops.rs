@@ -356,7 +356,7 @@ pub async fn metrics<S: PaymentStore>(State(state): State<AppState<S>>, headers:
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         counts = engine.workflow_counts();
     }
-    let figures = database_figures(up, counts);
+    let figures = database_figures(up, counts) + &group_commit_figures(engine.store().group_commit_counts());
     if up && let Ok((count, oldest)) = engine.store().unresolved().await {
         let age_ms = oldest.map_or(0, |created_at| (chrono::Utc::now().timestamp_millis() - created_at).max(0));
         metrics::gauge!("onceflow_unresolved_payments").set(count as f64);
@@ -390,6 +390,16 @@ fn database_figures(up: bool, counts: Option<onceflow_engine::WorkflowCounts>) -
         let _ = writeln!(text, "onceflow_workflows_counted_timestamp_seconds {}", counts.counted_at as f64 / 1000.0);
     }
     text
+}
+
+/// The group commit's batches and the commits they held, since the process started (Postgres).
+fn group_commit_figures((batches, members): (u64, u64)) -> String {
+    format!(
+        "# HELP onceflow_commit_batches_total Batches of commits sent in one transaction (group commit)\n\
+         # TYPE onceflow_commit_batches_total counter\nonceflow_commit_batches_total {batches}\n\
+         # HELP onceflow_commit_batched_total Commits sent in a batch (the rest went alone)\n\
+         # TYPE onceflow_commit_batched_total counter\nonceflow_commit_batched_total {members}\n"
+    )
 }
 
 #[cfg(test)]

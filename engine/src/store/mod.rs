@@ -30,7 +30,7 @@ pub use audit::{AuditFilter, AuditRecord};
 pub use held::Writer;
 pub use mysql::{MIGRATOR as MYSQL_MIGRATOR, MySqlStore};
 pub use page::{Cursor, WorkflowFilter};
-pub use postgres::{MIGRATOR as POSTGRES_MIGRATOR, PgStore};
+pub use postgres::{DEFAULT_COMMIT_SLOTS, MIGRATOR as POSTGRES_MIGRATOR, PgStore};
 pub use records::{CompensationRecord, Deleted, StepRecord, WorkflowRecord};
 pub use sqlite::{MIGRATOR as SQLITE_MIGRATOR, PHASE_FLAGS as SQLITE_PHASE_FLAGS, SqliteStore};
 pub use status::{CompensationStatus, StepKind, StepStatus, WorkflowState};
@@ -305,6 +305,12 @@ pub trait Store: sealed::Sealed + Clone + Send + Sync + 'static {
     ) -> impl Future<Output = Result<Option<Committed>>> + Send {
         let _ = (checkpoint, phase, finished);
         async { Ok(None) }
+    }
+
+    /// The group commit's batches sent so far and the commits they held (Postgres; `(0, 0)` elsewhere and for
+    /// commits sent alone).
+    fn group_commit_counts(&self) -> (u64, u64) {
+        (0, 0)
     }
 
     /// Tells waiters in other processes that the workflow ended (Postgres `NOTIFY`; a no-op elsewhere).

@@ -4,10 +4,10 @@
 use sqlx::Row;
 
 use super::rows::{self, PgQuery};
-use super::{NOTIFY_CHANNEL, PgStore};
+use super::{NOTIFY_CHANNEL, PgStore, group};
 use crate::error::Result;
 use crate::phase::{PhaseCommit, PhaseRow, SqlArg};
-use crate::store::{Checkpoint, Committed, Conn, Store, WorkflowWrite, common, compensations};
+use crate::store::{Checkpoint, Committed, Conn, WorkflowWrite, common, compensations};
 
 /// The checkpoint's parts, each to become CTE `w0`, `w1`, … of one statement, parameters numbered from `$first`
 /// in the order [`bind_checkpoint`] binds: the workflow insert with its compensations (`RETURNING 1 AS
@@ -194,9 +194,7 @@ pub(super) async fn commit_in_one_call(
     if notify {
         q = q.bind(NOTIFY_CHANNEL);
     }
-    let mut conn = store.writer().await?;
-    let row = q.fetch_one(&mut *conn).await;
-    let row = match conn.check(row) {
+    let row = match group::commit(store, group::Statement::of(q)?).await? {
         Ok(row) => row,
         Err(sqlx::Error::Database(e)) => {
             return match e.code().as_deref().and_then(common::checked) {

@@ -1,0 +1,218 @@
+//! Postgres group commit: one-statement commits of different workflows that wait for a slot go together in one
+//! transaction, and each member gets exactly its own outcome — a lost lease, a guard that does not hold, a
+//! duplicate start, a duplicate business key, a database error and plain successes in one batch — with nothing of
+//! a refused member written and nothing of the others lost. The one slot is held by a commit waiting on a row
+//! lock this test holds, so that the others queue behind it and are sent as one batch when it is let go.
+
+use std::time::Duration;
+
+use onceflow_engine::phase::{PhaseCommit, PhaseRow, PhaseStep, SqlArg, StatementPhase};
+use onceflow_engine::store::{
+    Checkpoint, Committed, Fence, StepKind, StepStatus, WorkflowRecord, WorkflowState, WorkflowUpdate, WorkflowWrite,
+};
+use onceflow_engine::{Failure, PgStore, Store, step};
+use sqlx::Connection;
+
+const NOW: i64 = 1_000_000;
+
+fn record(id: &str, epoch: i64) -> WorkflowRecord {
+    WorkflowRecord {
+        workflow_id: id.to_owned(),
+        name: "batched".to_owned(),
+        input: "null".to_owned(),
+        input_hash: "h".to_owned(),
+        state: WorkflowState::Running,
+        output: None,
+        error: None,
+        lease_owner: Some("me".to_owned()),
+        lease_expires_at: Some(NOW + 60_000),
+        lease_epoch: epoch,
+        next_attempt_at: NOW,
+        notify: false,
+        created_at: NOW,
+        updated_at: NOW,
+        tenant: None,
+        trace: None,
+    }
+}
+
+/// What one commit of the test does.
+#[derive(Clone)]
+enum Commit {
+    /// The first commit of workflow `id`, with a phase inserting business key `key` (if any).
+    Insert { id: String, key: Option<String> },
+    /// A later commit of `id` fenced by `epoch`, with a phase inserting `key` (if any) guarded by `guard`.
+    Fence { id: String, epoch: i64, key: Option<String>, guard: bool },
+}
+
+/// The phase: inserts `key` into `group_keys` unless it is there (`ON CONFLICT DO NOTHING`), guarded by `guard`
+/// (the insert happened, or `FALSE`); or, with `plain`, a plain insert that a taken key makes fail.
+fn phase(id: &str, key: &str, guard: bool, plain: bool) -> StatementPhase {
+    let conflict = if plain { "" } else { " ON CONFLICT DO NOTHING" };
+    let cte = format!("k AS (INSERT INTO group_keys (k, workflow_id) VALUES ($1, $2){conflict} RETURNING 1)");
+    let args = vec![SqlArg::Text(key.to_owned()), SqlArg::Text(id.to_owned())];
+    let steps = vec![PhaseStep::new(step("write"), "'\"written\"'")];
+    let condition = if guard { "EXISTS (SELECT 1 FROM k)" } else { "FALSE" };
+    StatementPhase::new(vec![cte], args, steps).guard(condition, Failure::new("taken", "the key is taken"))
+}
+
+async fn run(store: &PgStore, commit: Commit) -> Result<Committed, String> {
+    let (id, key, guard) = match &commit {
+        Commit::Insert { id, key } => (id.clone(), key.clone(), true),
+        Commit::Fence { id, key, guard, .. } => (id.clone(), key.clone(), *guard),
+    };
+    let plain = key.as_deref().is_some_and(|k| k.starts_with("plain"));
+    let phase = key.as_deref().map(|k| phase(&id, k, guard, plain));
+    let rows: Vec<PhaseRow<'_>> = phase
+        .iter()
+        .map(|_| PhaseRow {
+            key: "write".to_owned(),
+            name: "write",
+            kind: StepKind::Transactional,
+            status: StepStatus::Completed,
+            attempts: 1,
+            output: "'\"written\"'",
+            finished: true,
+            when: None,
+            seq: 1,
+        })
+        .collect();
+    let update =
+        WorkflowUpdate { state: Some(WorkflowState::Completed), output: Some("1".to_owned()), ..Default::default() };
+    let row = record(&id, 1);
+    let workflow = match &commit {
+        Commit::Insert { .. } => WorkflowWrite::Insert(&row),
+        Commit::Fence { epoch, .. } => {
+            WorkflowWrite::Fence(Fence { workflow_id: &id, epoch: *epoch, update: &update, now: NOW })
+        }
+    };
+    let checkpoint = Checkpoint { workflow, steps: &[], compensations: None, leases_by_database: false };
+    let phase = phase.as_ref().map(|phase| PhaseCommit { phase, rows: &rows, now: NOW });
+    match store.commit_in_one_call(&checkpoint, phase, true).await {
+        Ok(Some(outcome)) => Ok(outcome),
+        Ok(None) => panic!("Postgres commits in one call"),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+fn done(outcome: &Result<Committed, String>) -> bool {
+    matches!(outcome, Ok(Committed::Done { .. }))
+}
+
+#[tokio::test]
+async fn each_member_of_a_batch_gets_its_own_outcome() {
+    let Some(url) = onceflow_tests::pg_url().await.unwrap() else { return };
+    // One slot: every commit after the first queues, and the queue goes as one batch.
+    let store = PgStore::connect(&url, 16).await.unwrap().group_commit(1);
+    sqlx::query("CREATE TABLE group_keys (k TEXT PRIMARY KEY, workflow_id TEXT NOT NULL)")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    for (id, epoch) in [("blocker", 1), ("ok", 1), ("lost", 5), ("guarded", 1), ("dup", 1), ("plain", 1)] {
+        let row = record(id, epoch);
+        let mut conn = store.pool().acquire().await.unwrap();
+        assert!(store.insert_workflow(&mut conn, &row, &[]).await.unwrap());
+    }
+    sqlx::query("INSERT INTO group_keys VALUES ('plain-taken', 'elsewhere')").execute(store.pool()).await.unwrap();
+
+    // Hold the blocker's row: its commit takes the slot and waits.
+    let mut holder = sqlx::PgConnection::connect(&url).await.unwrap();
+    let mut tx = holder.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM workflows WHERE workflow_id = 'blocker' FOR UPDATE").execute(&mut *tx).await.unwrap();
+    let blocked = tokio::spawn({
+        let store = store.clone();
+        async move { run(&store, Commit::Fence { id: "blocker".into(), epoch: 1, key: None, guard: true }).await }
+    });
+    wait_for_lock_wait(&store).await;
+    let before = store.group_commit_counts();
+
+    let members = vec![
+        ("ok", Commit::Fence { id: "ok".into(), epoch: 1, key: Some("a".into()), guard: true }),
+        ("lost", Commit::Fence { id: "lost".into(), epoch: 1, key: Some("b".into()), guard: true }),
+        ("guarded", Commit::Fence { id: "guarded".into(), epoch: 1, key: Some("c".into()), guard: false }),
+        ("dup", Commit::Insert { id: "dup".into(), key: Some("d".into()) }),
+        ("new1", Commit::Insert { id: "new1".into(), key: Some("same".into()) }),
+        ("new2", Commit::Insert { id: "new2".into(), key: Some("same".into()) }),
+        ("plain", Commit::Fence { id: "plain".into(), epoch: 1, key: Some("plain-taken".into()), guard: true }),
+        ("new3", Commit::Insert { id: "new3".into(), key: None }),
+    ];
+    let mut handles = Vec::new();
+    for (name, commit) in members {
+        let store = store.clone();
+        handles.push((name, tokio::spawn(async move { run(&store, commit).await })));
+        // Queued in this order.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!blocked.is_finished(), "the blocker waits on the row lock");
+    tx.commit().await.unwrap();
+    assert!(done(&blocked.await.unwrap()));
+
+    let mut outcomes = std::collections::HashMap::new();
+    for (name, handle) in handles {
+        outcomes.insert(name, tokio::time::timeout(Duration::from_secs(20), handle).await.unwrap().unwrap());
+    }
+    let after = store.group_commit_counts();
+    assert_eq!(after.0 - before.0, 1, "one batch: {before:?} → {after:?}");
+    assert!(after.1 - before.1 >= 7, "the batch held the queued commits: {before:?} → {after:?}");
+
+    assert!(done(&outcomes["ok"]), "{:?}", outcomes["ok"]);
+    assert!(matches!(outcomes["lost"], Ok(Committed::LeaseLost)), "{:?}", outcomes["lost"]);
+    assert!(matches!(outcomes["guarded"], Ok(Committed::GuardFailed)), "{:?}", outcomes["guarded"]);
+    assert!(matches!(outcomes["dup"], Ok(Committed::Duplicate)), "{:?}", outcomes["dup"]);
+    assert!(done(&outcomes["new1"]), "{:?}", outcomes["new1"]);
+    // The same key as new1, in the same batch: new1 took it, so new2's guard does not hold.
+    assert!(matches!(outcomes["new2"], Ok(Committed::GuardFailed)), "{:?}", outcomes["new2"]);
+    assert!(done(&outcomes["new3"]), "{:?}", outcomes["new3"]);
+    // A plain insert of a taken key fails its statement (a unique violation, no check of ours): it leaves the
+    // batch, runs alone after it and gets the error a lone commit gets, without touching the others.
+    let plain = outcomes["plain"].as_ref().expect_err("a unique violation");
+    assert!(plain.contains("group_keys_pkey"), "{plain}");
+
+    // What is in the database is exactly the successes.
+    let keys: Vec<(String, String)> =
+        sqlx::query_as("SELECT k, workflow_id FROM group_keys ORDER BY k").fetch_all(store.pool()).await.unwrap();
+    let keys: Vec<(&str, &str)> = keys.iter().map(|(k, w)| (k.as_str(), w.as_str())).collect();
+    assert_eq!(keys, [("a", "ok"), ("plain-taken", "elsewhere"), ("same", "new1")]);
+    let states: Vec<(String, String, i64)> =
+        sqlx::query_as("SELECT workflow_id, state, lease_epoch FROM workflows ORDER BY workflow_id")
+            .fetch_all(store.pool())
+            .await
+            .unwrap();
+    let states: Vec<(&str, &str, i64)> = states.iter().map(|(w, s, e)| (w.as_str(), s.as_str(), *e)).collect();
+    assert_eq!(
+        states,
+        [
+            ("blocker", "completed", 1),
+            ("dup", "running", 1),
+            ("guarded", "running", 1),
+            ("lost", "running", 5),
+            ("new1", "running", 1),
+            ("new3", "running", 1),
+            ("ok", "completed", 1),
+            ("plain", "running", 1),
+        ]
+    );
+    let steps: Vec<String> = sqlx::query_scalar("SELECT workflow_id FROM workflow_steps ORDER BY workflow_id")
+        .fetch_all(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(steps, ["new1", "ok"]);
+}
+
+/// Waits until a statement of this database waits for a lock.
+async fn wait_for_lock_wait(store: &PgStore) {
+    for _ in 0..200 {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'",
+        )
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+        if waiting > 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("the blocker never waited for the lock");
+}
