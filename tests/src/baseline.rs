@@ -18,7 +18,15 @@ pub fn run(cmd: &mut Command) -> anyhow::Result<String> {
 }
 
 /// A fresh database `name` next to `base`'s (dropped first if it exists); returns its URL.
+///
+/// `ONCEFLOW_BENCH_DB_SUFFIX`, when set, is appended to `name`: engineers benchmarking on one Postgres server
+/// each give their own, so that no one's fresh database drops another's in the middle of a run.
 pub fn fresh_db(base: &str, name: &str) -> anyhow::Result<String> {
+    let name = format!("{name}{}", std::env::var("ONCEFLOW_BENCH_DB_SUFFIX").unwrap_or_default());
+    anyhow::ensure!(
+        name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_'),
+        "ONCEFLOW_BENCH_DB_SUFFIX may hold letters, digits and _ only"
+    );
     let server = base.rsplit_once('/').map(|(s, _)| s).unwrap_or(base);
     run(Command::new("psql").args([base, "-qc", &format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")]))?;
     run(Command::new("psql").args([base, "-qc", &format!("CREATE DATABASE {name}")]))?;

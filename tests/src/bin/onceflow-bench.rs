@@ -17,12 +17,15 @@
 //! `events/postgres`: the HTTP payment load on Postgres without a webhook endpoint and with one subscribed (a
 //! receiver in the bench), then every event checked in the log and at the receiver (`--only events`).
 //! `tracing/postgres`: the HTTP payment load on Postgres without tracing and exporting it over OTLP/HTTP to a
-//! receiver in the bench (`--only tracing`).
+//! receiver in the bench (`--only tracing`). `bytes/postgres`: payments through the service as a library, then
+//! every table's bytes per payment and the rate of the first and last payments (only when named: `--only bytes`).
 
 use onceflow_engine::{MySqlStore, SqliteStore};
 use onceflow_payments::PaymentStore;
 use onceflow_tests::baseline::{fresh_db, pgbench};
 
+#[path = "onceflow-bench/bytes.rs"]
+mod bytes;
 #[path = "onceflow-bench/events.rs"]
 mod events;
 #[path = "onceflow-bench/http.rs"]
@@ -78,6 +81,10 @@ async fn main() -> anyhow::Result<()> {
             let floor = pgbench(&base, "floor_pay.pgbench", o.concurrency, per_client)?;
             paired.push(library::postgres(&base, pool_size, &o).await?.rate() / floor);
         }
+    }
+
+    if o.asks("bytes/postgres") {
+        runs.push(bytes::postgres(&base, pool_size, &o).await?);
     }
 
     if o.wants("refunds/postgres") {

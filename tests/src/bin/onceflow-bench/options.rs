@@ -29,6 +29,11 @@ impl Options {
     pub(crate) fn wants(&self, scenario: &str) -> bool {
         self.only.as_deref().is_none_or(|only| only.split(',').any(|p| scenario.starts_with(p)))
     }
+
+    /// Whether `--only` names `scenario` (a scenario that a run of every scenario leaves out).
+    pub(crate) fn asks(&self, scenario: &str) -> bool {
+        self.only.is_some() && self.wants(scenario)
+    }
 }
 
 /// The options of this process's arguments (`--help` prints them and exits).
