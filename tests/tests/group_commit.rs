@@ -2,7 +2,8 @@
 //! transaction, and each member gets exactly its own outcome — a lost lease, a guard that does not hold, a
 //! duplicate start, a duplicate business key, a database error and plain successes in one batch — with nothing of
 //! a refused member written and nothing of the others lost. The one slot is held by a commit waiting on a row
-//! lock this test holds, so that the others queue behind it and are sent as one batch when it is let go.
+//! lock this test holds, so that the others queue behind it and are sent as one batch when it is let go. A
+//! batch of successes commits once; a member waiting for a row lock leaves its batch without holding the others.
 
 use std::time::Duration;
 
@@ -154,7 +155,7 @@ async fn each_member_of_a_batch_gets_its_own_outcome() {
     }
     let after = store.group_commit_counts();
     assert_eq!(after.0 - before.0, 1, "one batch: {before:?} → {after:?}");
-    assert!(after.1 - before.1 >= 7, "the batch held the queued commits: {before:?} → {after:?}");
+    assert_eq!(after.1 - before.1, 8, "the batch held the queued commits: {before:?} → {after:?}");
 
     assert!(done(&outcomes["ok"]), "{:?}", outcomes["ok"]);
     assert!(matches!(outcomes["lost"], Ok(Committed::LeaseLost)), "{:?}", outcomes["lost"]);
@@ -215,4 +216,101 @@ async fn wait_for_lock_wait(store: &PgStore) {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     panic!("the blocker never waited for the lock");
+}
+
+/// Holds `id`'s workflow row in a transaction of its own until the returned sender is dropped or sent to.
+async fn hold_row(url: &str, id: &'static str) -> tokio::sync::oneshot::Sender<()> {
+    let (release, released) = tokio::sync::oneshot::channel::<()>();
+    let (held, holding) = tokio::sync::oneshot::channel();
+    let url = url.to_owned();
+    tokio::spawn(async move {
+        let mut conn = sqlx::PgConnection::connect(&url).await.unwrap();
+        let mut tx = conn.begin().await.unwrap();
+        let sql = format!("SELECT 1 FROM workflows WHERE workflow_id = '{id}' FOR UPDATE");
+        sqlx::query(sqlx::AssertSqlSafe(sql)).execute(&mut *tx).await.unwrap();
+        let _ = held.send(());
+        let _ = released.await;
+        tx.commit().await.unwrap();
+    });
+    holding.await.unwrap();
+    release
+}
+
+#[tokio::test]
+async fn a_batch_of_successes_commits_once_and_a_locked_member_holds_up_no_one() {
+    let Some(url) = onceflow_tests::pg_url().await.unwrap() else { return };
+    let store = PgStore::connect(&url, 16).await.unwrap().group_commit(1);
+    sqlx::query("CREATE TABLE group_keys (k TEXT PRIMARY KEY, workflow_id TEXT NOT NULL)")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let ids = ["blocker", "blocker2", "locked", "s1", "s2", "s3", "s4", "s5", "s6", "s7", "s8", "t1", "t2", "t3"];
+    for id in ids {
+        let mut conn = store.pool().acquire().await.unwrap();
+        assert!(store.insert_workflow(&mut conn, &record(id, 1), &[]).await.unwrap());
+    }
+    let fence = |id: &str| Commit::Fence { id: id.into(), epoch: 1, key: Some(format!("key-{id}")), guard: true };
+
+    // Eight successes queued behind the blocker: one batch, the fast pass (no member fails), all committed.
+    let release = hold_row(&url, "blocker").await;
+    let blocked = tokio::spawn({
+        let store = store.clone();
+        async move { run(&store, Commit::Fence { id: "blocker".into(), epoch: 1, key: None, guard: true }).await }
+    });
+    wait_for_lock_wait(&store).await;
+    let before = store.group_commit_counts();
+    let mut handles = Vec::new();
+    for id in ["s1", "s2", "s3", "s4", "s5", "s6", "s7", "s8"] {
+        let (store, commit) = (store.clone(), fence(id));
+        handles.push(tokio::spawn(async move { run(&store, commit).await }));
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let _ = release.send(());
+    assert!(done(&blocked.await.unwrap()));
+    for handle in handles {
+        let outcome = tokio::time::timeout(Duration::from_secs(20), handle).await.unwrap().unwrap();
+        assert!(done(&outcome), "{outcome:?}");
+    }
+    let after = store.group_commit_counts();
+    assert_eq!((after.0 - before.0, after.1 - before.1), (1, 8), "{before:?} → {after:?}");
+    let committed: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM workflows WHERE state = 'completed' AND workflow_id LIKE 's%'")
+            .fetch_one(store.pool())
+            .await
+            .unwrap();
+    assert_eq!(committed, 8);
+
+    // A member whose row another transaction holds: it leaves the batch (lock timeout), the others commit and
+    // are answered while it waits, alone, holding no slot; it commits when the row is let go.
+    let release = hold_row(&url, "blocker2").await;
+    let hold = hold_row(&url, "locked").await;
+    let blocked = tokio::spawn({
+        let store = store.clone();
+        async move { run(&store, Commit::Fence { id: "blocker2".into(), epoch: 1, key: None, guard: true }).await }
+    });
+    wait_for_lock_wait(&store).await;
+    let locked = tokio::spawn({
+        let (store, commit) = (store.clone(), fence("locked"));
+        async move { run(&store, commit).await }
+    });
+    let mut handles = Vec::new();
+    for id in ["t1", "t2", "t3"] {
+        let (store, commit) = (store.clone(), fence(id));
+        handles.push(tokio::spawn(async move { run(&store, commit).await }));
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let _ = release.send(());
+    assert!(done(&blocked.await.unwrap()));
+    for handle in handles {
+        let outcome = tokio::time::timeout(Duration::from_secs(20), handle).await.unwrap().unwrap();
+        assert!(done(&outcome), "{outcome:?}");
+    }
+    // The slot is free again: a new commit goes through while the locked member still waits.
+    let next = run(&store, Commit::Fence { id: "s1".into(), epoch: 1, key: None, guard: true }).await;
+    assert!(done(&next), "{next:?}");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!locked.is_finished(), "the locked member waits for its row");
+    let _ = hold.send(());
+    let outcome = tokio::time::timeout(Duration::from_secs(20), locked).await.unwrap().unwrap();
+    assert!(done(&outcome), "{outcome:?}");
 }

@@ -29,6 +29,10 @@ use super::PgStore;
 use crate::error::Result;
 use crate::store::{Store, common};
 
+/// The most members of a batch: each savepoint that writes takes a subtransaction id, and past 64 of them in one
+/// transaction Postgres's snapshots slow down for every session.
+const _: () = assert!(super::MAX_BATCH < 64);
+
 /// How long a batch member waits for a row lock before it leaves the batch to run alone.
 const LOCK_TIMEOUT: &str = "SET LOCAL lock_timeout = '20ms'";
 
@@ -173,6 +177,7 @@ async fn alone(store: &PgStore, statement: &Statement) -> Result<Answer> {
 /// Sends the queue's batches on a slot until the queue is empty.
 async fn drain(store: PgStore) {
     let Some(group) = store.group.clone() else { return };
+    let mut draining = Draining { group: group.clone(), done: false };
     while let Some(batch) = group.next_batch() {
         if let [_] = batch.as_slice() {
             for m in batch {
@@ -181,6 +186,26 @@ async fn drain(store: PgStore) {
             }
         } else {
             batch_commit(&store, batch).await;
+        }
+    }
+    // `next_batch` gave the slot back when it found the queue empty.
+    draining.done = true;
+}
+
+/// A drain under way: if it ends otherwise than by finding the queue empty (a panic, its task dropped), its slot
+/// is given back, so that the next commit takes it and drains what is queued.
+struct Draining {
+    group: std::sync::Arc<GroupCommit>,
+    done: bool,
+}
+
+impl Drop for Draining {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        if let Ok(mut s) = self.group.state.lock() {
+            s.busy = s.busy.saturating_sub(1);
         }
     }
 }
@@ -210,12 +235,21 @@ async fn batch_commit(store: &PgStore, batch: Vec<Member>) {
         // Nothing was committed: every member runs alone.
         Err(Unsent) => batch.iter().map(|_| Outcome::Alone).collect(),
     };
+    // The members whose outcome is known are answered first; each of the others runs alone in a task of its own,
+    // so that one waiting for a row lock (why most leave a batch) holds neither the slot nor the rest.
     for (m, outcome) in batch.into_iter().zip(outcomes) {
-        let answer = match outcome {
-            Outcome::Ran(answer) => Ok(answer),
-            Outcome::Alone => alone(store, &m.statement).await,
-        };
-        let _ = m.reply.send(answer);
+        match outcome {
+            Outcome::Ran(answer) => {
+                let _ = m.reply.send(Ok(answer));
+            }
+            Outcome::Alone => {
+                let store = store.clone();
+                tokio::spawn(async move {
+                    let answer = alone(&store, &m.statement).await;
+                    let _ = m.reply.send(answer);
+                });
+            }
+        }
     }
 }
 
@@ -223,7 +257,7 @@ async fn batch_commit(store: &PgStore, batch: Vec<Member>) {
 struct Unsent;
 
 /// The batch's transaction: each member's outcome once committed; `Err(Unsent)` when it surely did not commit;
-/// every member answered the error when the `COMMIT`'s outcome is unknown.
+/// every member that ran answered an error when the `COMMIT`'s outcome is unknown.
 ///
 /// Without `savepoints`, a member that fails rolls the whole batch back (`Err(Unsent)`).
 async fn in_one_transaction(
@@ -267,21 +301,25 @@ async fn in_one_transaction(
         };
         outcomes.push(outcome);
     }
-    let committed = conn.execute("COMMIT").await;
+    // The `COMMIT` without the batch's lock timeout: Postgres takes a lock to queue the members' notifications
+    // at commit, which must not time out the whole batch.
+    let committed = conn.execute(sqlx::raw_sql("SET LOCAL lock_timeout = 0; COMMIT")).await;
     match conn.check(committed) {
         Ok(_) => {
             conn.set_open(false);
             Ok(outcomes)
         }
-        // The server refused the `COMMIT` (and rolled back): nothing of the batch is in the database.
-        Err(sqlx::Error::Database(_)) => {
-            conn.set_open(false);
-            Err(Unsent)
-        }
-        // Unknown whether it committed: every member has a lone commit's lost answer.
-        Err(e) => Ok(batch
-            .iter()
-            .map(|_| Outcome::Ran(Err(sqlx::Error::Protocol(format!("the batch's COMMIT got no answer: {e}")))))
+        // Whether it committed is unknown (a refusal at `COMMIT` is no proof: a server shutting down answers
+        // FATAL after the commit record may be written), and the connection is closed: every member that ran
+        // has a lone commit's lost answer; one rolled back to its savepoint runs alone.
+        Err(e) => Ok(outcomes
+            .into_iter()
+            .map(|outcome| match outcome {
+                Outcome::Ran(_) => {
+                    Outcome::Ran(Err(sqlx::Error::Protocol(format!("the batch's COMMIT got no answer: {e}"))))
+                }
+                Outcome::Alone => Outcome::Alone,
+            })
             .collect()),
     }
 }
