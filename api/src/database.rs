@@ -44,7 +44,7 @@ pub async fn with_payments<T: OnPayments>(
     pool_size: u32,
     task: T,
 ) -> Result<T::Output, ConfigError> {
-    on_database(url, channel, config, Pool::of(pool_size), true, task).await
+    with_payments_on(url, channel, config, Pool::of(pool_size), task).await
 }
 
 /// As [`with_payments`], with the connections and commits of `pool`.

@@ -103,28 +103,11 @@ fn done(outcome: &Result<Committed, String>) -> bool {
 #[tokio::test]
 async fn each_member_of_a_batch_gets_its_own_outcome() {
     let Some(url) = onceflow_tests::pg_url().await.unwrap() else { return };
-    // One slot: every commit after the first queues, and the queue goes as one batch.
-    let store = PgStore::connect(&url, 16).await.unwrap().group_commit(1);
-    sqlx::query("CREATE TABLE group_keys (k TEXT PRIMARY KEY, workflow_id TEXT NOT NULL)")
-        .execute(store.pool())
-        .await
-        .unwrap();
-    for (id, epoch) in [("blocker", 1), ("ok", 1), ("lost", 5), ("guarded", 1), ("dup", 1), ("plain", 1)] {
-        let row = record(id, epoch);
-        let mut conn = store.pool().acquire().await.unwrap();
-        assert!(store.insert_workflow(&mut conn, &row, &[]).await.unwrap());
-    }
+    let workflows = [("blocker", 1), ("ok", 1), ("lost", 5), ("guarded", 1), ("dup", 1), ("plain", 1)];
+    let store = store_with(&url, &workflows).await;
     sqlx::query("INSERT INTO group_keys VALUES ('plain-taken', 'elsewhere')").execute(store.pool()).await.unwrap();
 
-    // Hold the blocker's row: its commit takes the slot and waits.
-    let mut holder = sqlx::PgConnection::connect(&url).await.unwrap();
-    let mut tx = holder.begin().await.unwrap();
-    sqlx::query("SELECT 1 FROM workflows WHERE workflow_id = 'blocker' FOR UPDATE").execute(&mut *tx).await.unwrap();
-    let blocked = tokio::spawn({
-        let store = store.clone();
-        async move { run(&store, Commit::Fence { id: "blocker".into(), epoch: 1, key: None, guard: true }).await }
-    });
-    wait_for_lock_wait(&store).await;
+    let (release, blocked) = occupy_slot(&store, &url, "blocker").await;
     let before = store.group_commit_counts();
 
     let members = vec![
@@ -146,7 +129,7 @@ async fn each_member_of_a_batch_gets_its_own_outcome() {
     }
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert!(!blocked.is_finished(), "the blocker waits on the row lock");
-    tx.commit().await.unwrap();
+    let _ = release.send(());
     assert!(done(&blocked.await.unwrap()));
 
     let mut outcomes = std::collections::HashMap::new();
@@ -201,6 +184,36 @@ async fn each_member_of_a_batch_gets_its_own_outcome() {
     assert_eq!(steps, ["new1", "ok"]);
 }
 
+/// A store with one commit slot (every commit after the first queues, and the queue goes as one batch), the
+/// `group_keys` table and `workflows` (id, epoch) inserted.
+async fn store_with(url: &str, workflows: &[(&str, i64)]) -> PgStore {
+    let store = PgStore::connect(url, 16).await.unwrap().group_commit(1);
+    sqlx::query("CREATE TABLE group_keys (k TEXT PRIMARY KEY, workflow_id TEXT NOT NULL)")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    for &(id, epoch) in workflows {
+        let mut conn = store.pool().acquire().await.unwrap();
+        assert!(store.insert_workflow(&mut conn, &record(id, epoch), &[]).await.unwrap());
+    }
+    store
+}
+
+/// Takes the one slot with a commit of `id` that waits for its row, held until the returned sender is used.
+async fn occupy_slot(
+    store: &PgStore,
+    url: &str,
+    id: &'static str,
+) -> (tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<Result<Committed, String>>) {
+    let release = hold_row(url, id).await;
+    let blocked = tokio::spawn({
+        let store = store.clone();
+        async move { run(&store, Commit::Fence { id: id.into(), epoch: 1, key: None, guard: true }).await }
+    });
+    wait_for_lock_wait(store).await;
+    (release, blocked)
+}
+
 /// Waits until a statement of this database waits for a lock.
 async fn wait_for_lock_wait(store: &PgStore) {
     for _ in 0..200 {
@@ -239,25 +252,12 @@ async fn hold_row(url: &str, id: &'static str) -> tokio::sync::oneshot::Sender<(
 #[tokio::test]
 async fn a_batch_of_successes_commits_once_and_a_locked_member_holds_up_no_one() {
     let Some(url) = onceflow_tests::pg_url().await.unwrap() else { return };
-    let store = PgStore::connect(&url, 16).await.unwrap().group_commit(1);
-    sqlx::query("CREATE TABLE group_keys (k TEXT PRIMARY KEY, workflow_id TEXT NOT NULL)")
-        .execute(store.pool())
-        .await
-        .unwrap();
     let ids = ["blocker", "blocker2", "locked", "s1", "s2", "s3", "s4", "s5", "s6", "s7", "s8", "t1", "t2", "t3"];
-    for id in ids {
-        let mut conn = store.pool().acquire().await.unwrap();
-        assert!(store.insert_workflow(&mut conn, &record(id, 1), &[]).await.unwrap());
-    }
+    let store = store_with(&url, &ids.map(|id| (id, 1))).await;
     let fence = |id: &str| Commit::Fence { id: id.into(), epoch: 1, key: Some(format!("key-{id}")), guard: true };
 
     // Eight successes queued behind the blocker: one batch, the fast pass (no member fails), all committed.
-    let release = hold_row(&url, "blocker").await;
-    let blocked = tokio::spawn({
-        let store = store.clone();
-        async move { run(&store, Commit::Fence { id: "blocker".into(), epoch: 1, key: None, guard: true }).await }
-    });
-    wait_for_lock_wait(&store).await;
+    let (release, blocked) = occupy_slot(&store, &url, "blocker").await;
     let before = store.group_commit_counts();
     let mut handles = Vec::new();
     for id in ["s1", "s2", "s3", "s4", "s5", "s6", "s7", "s8"] {
@@ -282,13 +282,8 @@ async fn a_batch_of_successes_commits_once_and_a_locked_member_holds_up_no_one()
 
     // A member whose row another transaction holds: it leaves the batch (lock timeout), the others commit and
     // are answered while it waits, alone, holding no slot; it commits when the row is let go.
-    let release = hold_row(&url, "blocker2").await;
     let hold = hold_row(&url, "locked").await;
-    let blocked = tokio::spawn({
-        let store = store.clone();
-        async move { run(&store, Commit::Fence { id: "blocker2".into(), epoch: 1, key: None, guard: true }).await }
-    });
-    wait_for_lock_wait(&store).await;
+    let (release, blocked) = occupy_slot(&store, &url, "blocker2").await;
     let locked = tokio::spawn({
         let (store, commit) = (store.clone(), fence("locked"));
         async move { run(&store, commit).await }

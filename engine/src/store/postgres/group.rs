@@ -53,6 +53,12 @@ impl Statement {
         Ok(Self { sql: query.sql(), args })
     }
 
+    /// The query, to send once.
+    fn into_query(self) -> super::rows::PgQuery<'static> {
+        sqlx::query_with(self.sql, self.args)
+    }
+
+    /// The query, keeping the statement for another try (a batch may be sent twice, then a member alone).
     fn query(&self) -> super::rows::PgQuery<'static> {
         sqlx::query_with(self.sql.clone(), self.args.clone())
     }
@@ -137,7 +143,7 @@ impl GroupCommit {
 
 /// Runs `statement` as a commit of its own, or in a batch with others when every slot is busy.
 pub(super) async fn commit(store: &PgStore, statement: Statement) -> Result<Answer> {
-    let Some(group) = store.group.as_ref() else { return alone(store, &statement).await };
+    let Some(group) = store.group.as_ref() else { return alone(store, statement).await };
     let waiting = {
         let mut s = group.state.lock().map_err(|_| poisoned())?;
         if s.busy < group.slots {
@@ -154,7 +160,7 @@ pub(super) async fn commit(store: &PgStore, statement: Statement) -> Result<Answ
         Ok(answer) => answer.await.map_err(|_| sqlx::Error::PoolClosed)?,
         Err(statement) => {
             let _slot = Slot(store.clone());
-            alone(store, &statement).await
+            alone(store, statement).await
         }
     }
 }
@@ -164,9 +170,9 @@ fn poisoned() -> sqlx::Error {
 }
 
 /// One statement in autocommit on a writer connection: the commit without batching.
-async fn alone(store: &PgStore, statement: &Statement) -> Result<Answer> {
+async fn alone(store: &PgStore, statement: Statement) -> Result<Answer> {
     let mut conn = store.writer().await?;
-    let row = statement.query().fetch_one(&mut *conn).await;
+    let row = statement.into_query().fetch_one(&mut *conn).await;
     match conn.check(row) {
         Ok(row) => Ok(Ok(row)),
         Err(e @ sqlx::Error::Database(_)) => Ok(Err(e)),
@@ -181,7 +187,7 @@ async fn drain(store: PgStore) {
     while let Some(batch) = group.next_batch() {
         if let [_] = batch.as_slice() {
             for m in batch {
-                let answer = alone(&store, &m.statement).await;
+                let answer = alone(&store, m.statement).await;
                 let _ = m.reply.send(answer);
             }
         } else {
@@ -245,7 +251,7 @@ async fn batch_commit(store: &PgStore, batch: Vec<Member>) {
             Outcome::Alone => {
                 let store = store.clone();
                 tokio::spawn(async move {
-                    let answer = alone(&store, &m.statement).await;
+                    let answer = alone(&store, m.statement).await;
                     let _ = m.reply.send(answer);
                 });
             }
