@@ -138,7 +138,6 @@ pub(super) async fn commit_in_one_call(
         |ok: &str, code: &str| format!("INSERT INTO onceflow_checks SELECT '{code}' WHERE NOT COALESCE({ok}, 0)");
     let mut sql = Vec::new();
     if let Some(p) = phase {
-        sql.push(format!("CREATE TEMP TABLE IF NOT EXISTS {PHASE_FLAGS} (flag TEXT PRIMARY KEY)"));
         sql.push(format!("DELETE FROM {PHASE_FLAGS}"));
         sql.extend(p.phase.ctes.iter().cloned());
     }

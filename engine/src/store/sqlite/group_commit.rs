@@ -1,27 +1,36 @@
 //! Group commit for SQLite's single writer: the one-call commits that queue while a transaction runs share the
-//! next one, so that a commit's fsync and page writes serve many workflows.
+//! next one, so that a commit's page writes and its flush serve many workflows.
 //!
-//! A commit is answered only after the transaction holding it committed. The group first runs its commits one
-//! after another as they are; should one fail (a check that did not hold, or any error), the transaction is
-//! rolled back and the group runs again with each commit in a savepoint, where the one that fails is rolled
-//! back alone (the writer was held throughout, so the others find what they found the first time). A
-//! savepoint costs a copy of each page a commit touches (SQLite's sub-journal), which the common case, where
-//! every commit holds, does without. A transaction whose `COMMIT` fails answers every commit in it with that
-//! failure.
+//! The committer has a connection of its own, and takes the store's turn at writing (see `Held::turn`) for each
+//! group, so that it writes between the single writes and closure transactions as before. A commit is answered
+//! only after the transaction holding it committed and reached the disk: on a file database in WAL mode the
+//! connection commits without flushing (`synchronous = NORMAL`) and the answers wait for the flush in `durable.rs`,
+//! while the next group runs. The group first runs its commits one after another as they are; should one fail (a
+//! check that did not hold, or any error), the transaction is rolled back and the group runs again with each
+//! commit in a savepoint, where the one that fails is rolled back alone (the writer was held throughout, so the
+//! others find what they found the first time). A savepoint costs a copy of each page a commit touches (SQLite's
+//! sub-journal), which the common case, where every commit holds, does without. A group that fails otherwise
+//! (its `BEGIN`, a rollback, its `COMMIT`) answers every commit in it with that failure and closes the connection,
+//! which rolls back whatever it left open; the next group opens another.
 
 use std::sync::Arc;
 
-use sqlx::sqlite::{SqliteArguments, SqliteRow};
-use sqlx::{SqlSafeStr, Sqlite};
+use sqlx::sqlite::{SqliteArguments, SqliteConnectOptions, SqliteRow};
+use sqlx::{ConnectOptions, SqlSafeStr, Sqlite, SqliteConnection};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::store::held::{Held, Writer};
+use super::PHASE_FLAGS;
+use super::durable::Durable;
+use crate::store::held::Held;
 
 /// The savepoint around each commit of a group that runs again.
 const SAVEPOINT: &str = "onceflow_commit";
 
 /// Most commits one transaction takes.
 const MAX_GROUP: usize = 32;
+
+/// Statements the committer's connection keeps prepared.
+const STATEMENT_CACHE: usize = 500;
 
 type Rows = std::result::Result<Vec<SqliteRow>, sqlx::Error>;
 
@@ -32,13 +41,30 @@ struct Job {
     reply: oneshot::Sender<Rows>,
 }
 
+/// How a commit's SQL is sent within its group.
+#[derive(Debug, Clone, Copy)]
+enum Sent {
+    /// As it is, the group's `BEGIN` before the first and its `COMMIT` after the last, so that neither costs a
+    /// call to the writer's thread of its own.
+    Plain { first: bool, last: bool },
+    /// Inside [`SAVEPOINT`], in a group that runs again.
+    Savepoint,
+}
+
 impl Job {
-    /// The commit's query, as it is or inside [`SAVEPOINT`].
-    fn query(&self, savepoint: bool) -> sqlx::query::Query<'static, Sqlite, SqliteArguments> {
-        let sql = if savepoint {
-            sqlx::AssertSqlSafe(format!("SAVEPOINT {SAVEPOINT};\n{};\nRELEASE {SAVEPOINT}", self.sql)).into_sql_str()
-        } else {
-            sqlx::AssertSqlSafe(self.sql.clone()).into_sql_str()
+    /// The commit's query, sent so.
+    fn query(&self, sent: Sent) -> sqlx::query::Query<'static, Sqlite, SqliteArguments> {
+        let sql = match sent {
+            Sent::Plain { first: false, last: false } => sqlx::AssertSqlSafe(self.sql.clone()).into_sql_str(),
+            Sent::Plain { first, last } => {
+                let (begin, commit) =
+                    (if first { "BEGIN IMMEDIATE;\n" } else { "" }, if last { ";\nCOMMIT" } else { "" });
+                sqlx::AssertSqlSafe(format!("{begin}{}{commit}", self.sql)).into_sql_str()
+            }
+            Sent::Savepoint => {
+                sqlx::AssertSqlSafe(format!("SAVEPOINT {SAVEPOINT};\n{};\nRELEASE {SAVEPOINT}", self.sql))
+                    .into_sql_str()
+            }
         };
         sqlx::query_with(sql, self.args.clone())
     }
@@ -51,10 +77,12 @@ pub(crate) struct GroupCommit {
 }
 
 impl GroupCommit {
-    /// Starts the committer on `held`'s writer connection (inside a Tokio runtime).
-    pub(crate) fn start(held: Arc<Held<Sqlite>>) -> Self {
+    /// Starts the committer (inside a Tokio runtime): its connection opened with `options` when first needed, its
+    /// turns taken at `held`.
+    pub(crate) fn start(held: Arc<Held<Sqlite>>, options: SqliteConnectOptions) -> Self {
         let (jobs, queue) = mpsc::unbounded_channel();
-        tokio::spawn(run(held, queue));
+        let committer = Committer { held, options, conn: None, durable: None };
+        tokio::spawn(committer.run(queue));
         Self { jobs }
     }
 
@@ -70,87 +98,118 @@ impl GroupCommit {
     }
 }
 
-async fn run(held: Arc<Held<Sqlite>>, mut queue: mpsc::UnboundedReceiver<Job>) {
-    while let Some(first) = queue.recv().await {
-        let mut group = vec![first];
-        while group.len() < MAX_GROUP {
-            match queue.try_recv() {
-                Ok(job) => group.push(job),
-                Err(_) => break,
+/// The committer task's state.
+struct Committer {
+    held: Arc<Held<Sqlite>>,
+    options: SqliteConnectOptions,
+    /// Its connection, open between groups (none before the first and after one that failed).
+    conn: Option<SqliteConnection>,
+    /// The flushing thread, once a connection found a WAL file to flush.
+    durable: Option<Durable<Vec<SqliteRow>>>,
+}
+
+impl Committer {
+    async fn run(mut self, mut queue: mpsc::UnboundedReceiver<Job>) {
+        while let Some(first) = queue.recv().await {
+            let mut group = vec![first];
+            while group.len() < MAX_GROUP {
+                match queue.try_recv() {
+                    Ok(job) => group.push(job),
+                    Err(_) => break,
+                }
+            }
+            self.commit_group(group).await;
+        }
+    }
+
+    /// One transaction for `group`, at the store's turn; answers each of its commits once it is on disk.
+    async fn commit_group(&mut self, group: Vec<Job>) {
+        let Ok(turn) = self.held.turn().await else {
+            return fail(group.into_iter().map(|j| j.reply), "the store is closed");
+        };
+        let conn = match self.conn.take() {
+            Some(conn) => Ok(conn),
+            None => connect(&self.options, &mut self.durable).await,
+        };
+        let mut conn = match conn {
+            Ok(conn) => conn,
+            Err(e) => return fail(group.into_iter().map(|j| j.reply), &e.to_string()),
+        };
+        let answers = match run_group(&mut conn, &group).await {
+            Ok(answers) => answers,
+            // The connection is dropped, which closes it: SQLite rolls back what it left open.
+            Err(e) => return fail(group.into_iter().map(|j| j.reply), &e.to_string()),
+        };
+        self.conn = Some(conn);
+        drop(turn);
+        let answers = group.into_iter().map(|j| j.reply).zip(answers).collect();
+        match &self.durable {
+            Some(durable) => durable.answer(answers),
+            None => {
+                for (reply, rows) in answers {
+                    let _ = reply.send(rows);
+                }
             }
         }
-        commit_group(&held, group).await;
     }
 }
 
-/// One transaction for `group`; answers each of its commits.
-async fn commit_group(held: &Held<Sqlite>, group: Vec<Job>) {
-    let mut writer = match held.get().await {
-        Ok(writer) => writer,
-        Err(e) => return fail(group.into_iter().map(|j| j.reply), &e.to_string()),
-    };
-    if let Err(e) = begin(&mut writer).await {
-        return fail(group.into_iter().map(|j| j.reply), &e.to_string());
+/// The committer's connection: on a file database in WAL mode, one that commits without flushing, with the
+/// thread that flushes (started once).
+async fn connect(
+    options: &SqliteConnectOptions,
+    durable: &mut Option<Durable<Vec<SqliteRow>>>,
+) -> Result<SqliteConnection, sqlx::Error> {
+    // Its commits' statements (a few kinds, each sent as the first, the last, both or neither of a group, or in a
+    // savepoint) stay prepared.
+    let mut conn = options.clone().statement_cache_capacity(STATEMENT_CACHE).connect().await?;
+    // Where statement phases note what their statements did (see `PHASE_FLAGS`); each phase empties it.
+    let flags = format!("CREATE TEMP TABLE IF NOT EXISTS {PHASE_FLAGS} (flag TEXT PRIMARY KEY)");
+    sqlx::query(sqlx::AssertSqlSafe(flags)).execute(&mut conn).await?;
+    let mode: String = sqlx::query_scalar("PRAGMA journal_mode").fetch_one(&mut conn).await?;
+    let file: Option<String> = sqlx::query_scalar("SELECT file FROM pragma_database_list WHERE name = 'main'")
+        .fetch_optional(&mut conn)
+        .await?;
+    if let Some(file) = file.filter(|f| !f.is_empty() && mode.eq_ignore_ascii_case("wal")) {
+        if durable.is_none() {
+            *durable = Some(Durable::start(format!("{file}-wal").into())?);
+        }
+        sqlx::query("PRAGMA synchronous = NORMAL").execute(&mut conn).await?;
     }
+    Ok(conn)
+}
+
+/// Runs `group` in one transaction on `conn`: each commit's rows, or its error where it was rolled back alone. An
+/// error is the group's: nothing of it is kept (once `conn` is closed).
+async fn run_group(conn: &mut SqliteConnection, group: &[Job]) -> Result<Vec<Rows>, sqlx::Error> {
     let mut answers = Vec::with_capacity(group.len());
-    for job in &group {
-        let rows = job.query(false).fetch_all(&mut *writer).await;
-        match writer.check(rows) {
+    let last = group.len().saturating_sub(1);
+    for (i, job) in group.iter().enumerate() {
+        match job.query(Sent::Plain { first: i == 0, last: i == last }).fetch_all(&mut *conn).await {
             Ok(rows) => answers.push(Ok(rows)),
             Err(_) => break,
         }
     }
-    if answers.len() < group.len() {
-        // One failed: run the group again, each commit in a savepoint. (Were the transaction not rolled back,
-        // the connection is closed when dropped, which rolls it back.)
-        let rolled_back = sqlx::query("ROLLBACK").execute(&mut *writer).await;
-        if let Err(e) = writer.check(rolled_back) {
-            return fail(group.into_iter().map(|j| j.reply), &e.to_string());
+    if answers.len() == group.len() {
+        // Committed by the last call.
+        return Ok(answers);
+    }
+    // A commit failed (or the group's `BEGIN` or `COMMIT` did): run the group again, each commit in a savepoint.
+    // Where SQLite ended the transaction itself (a failed `BEGIN`, some failures of `COMMIT`), there is none to
+    // roll back, and the group fails: nothing of it was kept.
+    sqlx::query("ROLLBACK").execute(&mut *conn).await?;
+    sqlx::query("BEGIN IMMEDIATE").execute(&mut *conn).await?;
+    answers.clear();
+    for job in group {
+        let rows = job.query(Sent::Savepoint).fetch_all(&mut *conn).await;
+        if rows.is_err() {
+            let undo = format!("ROLLBACK TO {SAVEPOINT}; RELEASE {SAVEPOINT}");
+            sqlx::query(sqlx::AssertSqlSafe(undo)).execute(&mut *conn).await?;
         }
-        writer.set_open(false);
-        if let Err(e) = begin(&mut writer).await {
-            return fail(group.into_iter().map(|j| j.reply), &e.to_string());
-        }
-        answers.clear();
-        for job in &group {
-            let rows = job.query(true).fetch_all(&mut *writer).await;
-            let rows = writer.check(rows);
-            if rows.is_err() {
-                let undo = format!("ROLLBACK TO {SAVEPOINT}; RELEASE {SAVEPOINT}");
-                let undone = sqlx::query(sqlx::AssertSqlSafe(undo)).execute(&mut *writer).await;
-                if let Err(e) = writer.check(undone) {
-                    // This commit cannot be undone alone: none of the group is kept.
-                    let _ = sqlx::query("ROLLBACK").execute(&mut *writer).await;
-                    writer.set_open(false);
-                    return fail(group.into_iter().map(|j| j.reply), &e.to_string());
-                }
-            }
-            answers.push(rows);
-        }
+        answers.push(rows);
     }
-    let committed = sqlx::query("COMMIT").execute(&mut *writer).await;
-    if let Err(e) = writer.check(committed) {
-        let _ = sqlx::query("ROLLBACK").execute(&mut *writer).await;
-        writer.set_open(false);
-        return fail(group.into_iter().map(|j| j.reply), &e.to_string());
-    }
-    writer.set_open(false);
-    drop(writer);
-    for (job, rows) in group.into_iter().zip(answers) {
-        let _ = job.reply.send(rows);
-    }
-}
-
-/// `BEGIN IMMEDIATE` on the writer, marked open until the group ends; after a failure no transaction is open
-/// (SQLite leaves none).
-async fn begin(writer: &mut Writer<'_, Sqlite>) -> Result<(), sqlx::Error> {
-    writer.set_open(true);
-    let begun = sqlx::query("BEGIN IMMEDIATE").execute(&mut **writer).await;
-    let begun = writer.check(begun);
-    if begun.is_err() {
-        writer.set_open(false);
-    }
-    begun.map(drop)
+    sqlx::query("COMMIT").execute(&mut *conn).await?;
+    Ok(answers)
 }
 
 /// Answers every commit in `replies` with a failure of their transaction.

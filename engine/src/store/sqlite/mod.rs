@@ -3,7 +3,8 @@
 //! concurrent workflows share a transaction (group commit).
 //!
 //! Its SQL is written here with `$n` parameters: the queries of single rows and leases in this file, the rows a
-//! commit writes in `rows.rs`, the one-call commits in `commit.rs`; `group_commit.rs` runs the grouped ones.
+//! commit writes in `rows.rs`, the one-call commits in `commit.rs`; `group_commit.rs` runs the grouped ones and
+//! `durable.rs` answers them once they are on disk.
 
 use std::str::FromStr;
 use std::sync::Arc;
@@ -24,6 +25,7 @@ use crate::phase::PhaseCommit;
 
 mod audit;
 mod commit;
+mod durable;
 mod gc;
 mod group_commit;
 mod list;
@@ -37,8 +39,9 @@ pub static MIGRATOR: sqlx::migrate::Migrator =
 /// A [`Store`] on SQLite.
 ///
 /// SQLite lets one transaction write at a time. Writes queue in process rather than in SQLite's busy handler
-/// (which sleeps in steps of up to 100 ms): one-call commits, grouped by `group` (those queued meanwhile share
-/// a transaction, see `GroupCommit`), and single writes on `held`, the writer connection the store keeps (see
+/// (which sleeps in steps of up to 100 ms): one-call commits, grouped by `group` on a connection of its own (those
+/// queued meanwhile share a transaction, flushed to disk off the write path: see `GroupCommit`, `Durable`), and
+/// single writes on `held`, the writer connection the store keeps (see
 /// `Held`: no ping to the worker thread between two uses); transactions of closure steps on `writer`'s other
 /// connection, begun at their turn at `held` (see [`Store::begin`]), so a group commit that follows one waits in
 /// the busy handler for its `COMMIT`. Reads use `pool` and, in WAL mode, never wait for a writer.
@@ -51,8 +54,8 @@ pub struct SqliteStore {
 }
 
 impl SqliteStore {
-    /// Opens (creating if missing) the database at `url` (`sqlite://path`). Commits are fully synchronous:
-    /// a payment acknowledged is on disk.
+    /// Opens (creating if missing) the database at `url` (`sqlite://path`). A commit is answered once it is on
+    /// disk: a payment acknowledged is on disk.
     pub async fn connect(url: &str) -> Result<Self> {
         let options = SqliteConnectOptions::from_str(url)?
             .create_if_missing(true)
@@ -70,22 +73,23 @@ impl SqliteStore {
             .max_connections(8)
             .test_before_acquire(false)
             .acquire_timeout(Duration::from_secs(30))
-            .connect_with(options)
+            .connect_with(options.clone())
             .await?;
         let held = Arc::new(Held::new(writer.clone(), 1));
-        Ok(Self { group: GroupCommit::start(held.clone()), held, pool, writer })
+        Ok(Self { group: GroupCommit::start(held.clone(), options), held, pool, writer })
     }
 
     /// A store over an existing pool (opened with WAL and a busy timeout), which then also writes. Call it
     /// inside a Tokio runtime (it starts the store's group committer).
     pub fn from_pool(pool: sqlx::SqlitePool) -> Self {
         let held = Arc::new(Held::new(pool.clone(), 1));
-        Self { group: GroupCommit::start(held.clone()), held, writer: pool.clone(), pool }
+        let group = GroupCommit::start(held.clone(), (*pool.connect_options()).clone());
+        Self { group, held, writer: pool.clone(), pool }
     }
 }
 
-/// Where a statement phase's SQL on SQLite records what its statements did (a temporary table of the writer's
-/// connection, empty when the phase starts): `INSERT INTO temp.onceflow_phase SELECT 'name' WHERE changes() = 1`
+/// Where a statement phase's SQL on SQLite records what its statements did (a temporary table of the group
+/// committer's connection, made when it opens, emptied when a phase starts): `INSERT INTO temp.onceflow_phase SELECT 'name' WHERE changes() = 1`
 /// after a statement, `EXISTS (SELECT 1 FROM temp.onceflow_phase WHERE flag = 'name')` in a later one.
 pub const PHASE_FLAGS: &str = "temp.onceflow_phase";
 
