@@ -4,8 +4,9 @@
 //! The committer has a connection of its own, and takes the store's turn at writing (see `Held::turn`) for each
 //! group, so that it writes between the single writes and closure transactions as before. A commit is answered
 //! only after the transaction holding it committed and reached the disk: on a file database in WAL mode the
-//! connection commits without flushing (`synchronous = NORMAL`) and the answers wait for the flush in `durable.rs`,
-//! while the next group runs. The group first runs its commits one after another as they are; should one fail (a
+//! connection commits a group without flushing (`synchronous = NORMAL`) and the answers wait for the flush in
+//! `durable.rs` while the next group runs; a group of one commit flushes in its own `COMMIT` (`FULL`) and is
+//! answered at once, as a lone commit was before, with no hand-off to the flushing thread. The group first runs its commits one after another as they are; should one fail (a
 //! check that did not hold, or any error), the transaction is rolled back and the group runs again with each
 //! commit in a savepoint, where the one that fails is rolled back alone (the writer was held throughout, so the
 //! others find what they found the first time). A savepoint costs a copy of each page a commit touches (SQLite's
@@ -16,7 +17,7 @@
 use std::sync::Arc;
 
 use sqlx::sqlite::{SqliteArguments, SqliteConnectOptions, SqliteRow};
-use sqlx::{ConnectOptions, SqlSafeStr, Sqlite, SqliteConnection};
+use sqlx::{ConnectOptions, Connection, SqlSafeStr, Sqlite, SqliteConnection};
 use tokio::sync::{mpsc, oneshot};
 
 use super::PHASE_FLAGS;
@@ -32,6 +33,12 @@ const MAX_GROUP: usize = 32;
 /// Statements the committer's connection keeps prepared.
 const STATEMENT_CACHE: usize = 500;
 
+/// A group's `BEGIN`, sent with its first commit; with the flush its `COMMIT` is to make before it, where the
+/// connection last made the other.
+const BEGIN: &str = "BEGIN IMMEDIATE;\n";
+const BEGIN_FLUSHED: &str = "PRAGMA synchronous = FULL;\nBEGIN IMMEDIATE;\n";
+const BEGIN_UNFLUSHED: &str = "PRAGMA synchronous = NORMAL;\nBEGIN IMMEDIATE;\n";
+
 type Rows = std::result::Result<Vec<SqliteRow>, sqlx::Error>;
 
 /// One commit waiting for its group.
@@ -44,9 +51,9 @@ struct Job {
 /// How a commit's SQL is sent within its group.
 #[derive(Debug, Clone, Copy)]
 enum Sent {
-    /// As it is, the group's `BEGIN` before the first and its `COMMIT` after the last, so that neither costs a
-    /// call to the writer's thread of its own.
-    Plain { first: bool, last: bool },
+    /// As it is, the group's `BEGIN` (one of [`BEGIN`]…) before the first and its `COMMIT` after the last, so
+    /// that neither costs a call to the writer's thread of its own.
+    Plain { begin: Option<&'static str>, last: bool },
     /// Inside [`SAVEPOINT`], in a group that runs again.
     Savepoint,
 }
@@ -55,11 +62,10 @@ impl Job {
     /// The commit's query, sent so.
     fn query(&self, sent: Sent) -> sqlx::query::Query<'static, Sqlite, SqliteArguments> {
         let sql = match sent {
-            Sent::Plain { first: false, last: false } => sqlx::AssertSqlSafe(self.sql.clone()).into_sql_str(),
-            Sent::Plain { first, last } => {
-                let (begin, commit) =
-                    (if first { "BEGIN IMMEDIATE;\n" } else { "" }, if last { ";\nCOMMIT" } else { "" });
-                sqlx::AssertSqlSafe(format!("{begin}{}{commit}", self.sql)).into_sql_str()
+            Sent::Plain { begin: None, last: false } => sqlx::AssertSqlSafe(self.sql.clone()).into_sql_str(),
+            Sent::Plain { begin, last } => {
+                let commit = if last { ";\nCOMMIT" } else { "" };
+                sqlx::AssertSqlSafe(format!("{}{}{commit}", begin.unwrap_or_default(), self.sql)).into_sql_str()
             }
             Sent::Savepoint => {
                 sqlx::AssertSqlSafe(format!("SAVEPOINT {SAVEPOINT};\n{};\nRELEASE {SAVEPOINT}", self.sql))
@@ -81,7 +87,7 @@ impl GroupCommit {
     /// turns taken at `held`.
     pub(crate) fn start(held: Arc<Held<Sqlite>>, options: SqliteConnectOptions) -> Self {
         let (jobs, queue) = mpsc::unbounded_channel();
-        let committer = Committer { held, options, conn: None, durable: None };
+        let committer = Committer { held, options, conn: None, durable: None, flushes: None };
         tokio::spawn(committer.run(queue));
         Self { jobs }
     }
@@ -106,6 +112,8 @@ struct Committer {
     conn: Option<SqliteConnection>,
     /// The flushing thread, once a connection found a WAL file to flush.
     durable: Option<Durable<Vec<SqliteRow>>>,
+    /// Whether the connection's `COMMIT` flushes (`synchronous = FULL`), as far as known.
+    flushes: Option<bool>,
 }
 
 impl Committer {
@@ -124,6 +132,10 @@ impl Committer {
 
     /// One transaction for `group`, at the store's turn; answers each of its commits once it is on disk.
     async fn commit_group(&mut self, group: Vec<Job>) {
+        if self.durable.as_ref().is_some_and(Durable::failed) {
+            let why = "a flush of the WAL failed: nothing is committed until the process restarts";
+            return fail(group.into_iter().map(|j| j.reply), why);
+        }
         let Ok(turn) = self.held.turn().await else {
             return fail(group.into_iter().map(|j| j.reply), "the store is closed");
         };
@@ -135,17 +147,32 @@ impl Committer {
             Ok(conn) => conn,
             Err(e) => return fail(group.into_iter().map(|j| j.reply), &e.to_string()),
         };
-        let answers = match run_group(&mut conn, &group).await {
-            Ok(answers) => answers,
-            // The connection is dropped, which closes it: SQLite rolls back what it left open.
-            Err(e) => return fail(group.into_iter().map(|j| j.reply), &e.to_string()),
+        // A lone commit is flushed by its own `COMMIT` and answered at once: no hand-off to the flushing thread,
+        // so a lone payment waits no longer than it did. A group's flush is left to the thread.
+        let flushed = group.len() == 1 || self.durable.is_none();
+        let begin = match (&self.durable, self.flushes) {
+            (None, _) => BEGIN,
+            (Some(_), known) if known == Some(flushed) => BEGIN,
+            (Some(_), _) if flushed => BEGIN_FLUSHED,
+            (Some(_), _) => BEGIN_UNFLUSHED,
         };
+        let (answers, at_once) = match run_group(&mut conn, &group, begin).await {
+            Ok(answers) => answers,
+            Err(e) => {
+                // Closed at its turn, which rolls back what it left open, before anyone else writes.
+                let _ = conn.close().await;
+                return fail(group.into_iter().map(|j| j.reply), &e.to_string());
+            }
+        };
+        // Where the group ran again in savepoints, whether its first call's pragma ran is not known: the next
+        // group sends its own, and this one's answers wait for the thread's flush.
+        self.flushes = at_once.then_some(flushed);
         self.conn = Some(conn);
         drop(turn);
         let answers = group.into_iter().map(|j| j.reply).zip(answers).collect();
         match &self.durable {
-            Some(durable) => durable.answer(answers),
-            None => {
+            Some(durable) if !(flushed && at_once) => durable.answer(answers),
+            _ => {
                 for (reply, rows) in answers {
                     let _ = reply.send(rows);
                 }
@@ -167,37 +194,59 @@ async fn connect(
     let flags = format!("CREATE TEMP TABLE IF NOT EXISTS {PHASE_FLAGS} (flag TEXT PRIMARY KEY)");
     sqlx::query(sqlx::AssertSqlSafe(flags)).execute(&mut conn).await?;
     let mode: String = sqlx::query_scalar("PRAGMA journal_mode").fetch_one(&mut conn).await?;
+    // A read, which opens the WAL file (making it if need be).
+    sqlx::query("SELECT count(*) FROM sqlite_master").execute(&mut conn).await?;
     let file: Option<String> = sqlx::query_scalar("SELECT file FROM pragma_database_list WHERE name = 'main'")
         .fetch_optional(&mut conn)
         .await?;
     if let Some(file) = file.filter(|f| !f.is_empty() && mode.eq_ignore_ascii_case("wal")) {
-        if durable.is_none() {
-            *durable = Some(Durable::start(format!("{file}-wal").into())?);
+        // The WAL is opened for flushing before this connection commits anything, and while it is open the file
+        // stays (SQLite deletes it when its last connection closes).
+        let wal = Durable::<Vec<SqliteRow>>::open(std::path::Path::new(&file))?;
+        match durable {
+            Some(durable) => durable.reopened(wal),
+            None => *durable = Some(Durable::start(wal)?),
         }
         sqlx::query("PRAGMA synchronous = NORMAL").execute(&mut conn).await?;
     }
     Ok(conn)
 }
 
-/// Runs `group` in one transaction on `conn`: each commit's rows, or its error where it was rolled back alone. An
-/// error is the group's: nothing of it is kept (once `conn` is closed).
-async fn run_group(conn: &mut SqliteConnection, group: &[Job]) -> Result<Vec<Rows>, sqlx::Error> {
+/// Runs `group` in one transaction on `conn`, `begin` sent with the first commit: each commit's rows, or its error
+/// where it was rolled back alone, and whether every call went through at once (no savepoints). An error is the
+/// group's: nothing of it is kept (once `conn` is closed).
+async fn run_group(
+    conn: &mut SqliteConnection,
+    group: &[Job],
+    begin: &'static str,
+) -> Result<(Vec<Rows>, bool), sqlx::Error> {
     let mut answers = Vec::with_capacity(group.len());
     let last = group.len().saturating_sub(1);
+    let mut failed = None;
     for (i, job) in group.iter().enumerate() {
-        match job.query(Sent::Plain { first: i == 0, last: i == last }).fetch_all(&mut *conn).await {
+        let sent = Sent::Plain { begin: (i == 0).then_some(begin), last: i == last };
+        match job.query(sent).fetch_all(&mut *conn).await {
             Ok(rows) => answers.push(Ok(rows)),
-            Err(_) => break,
+            Err(e) => {
+                failed = Some(e);
+                break;
+            }
         }
     }
-    if answers.len() == group.len() {
+    let Some(failed) = failed else {
         // Committed by the last call.
-        return Ok(answers);
+        return Ok((answers, true));
+    };
+    // A commit failed, or the group's `BEGIN` or `COMMIT` did. Where SQLite ended the transaction itself (a
+    // `BEGIN` that found the database busy, some failures of `COMMIT`) there is none to roll back: nothing of the
+    // group was kept, and it fails with the first error. Else a lone commit is answered with its error, and a
+    // group runs again, each commit in a savepoint.
+    if sqlx::query("ROLLBACK").execute(&mut *conn).await.is_err() {
+        return Err(failed);
     }
-    // A commit failed (or the group's `BEGIN` or `COMMIT` did): run the group again, each commit in a savepoint.
-    // Where SQLite ended the transaction itself (a failed `BEGIN`, some failures of `COMMIT`), there is none to
-    // roll back, and the group fails: nothing of it was kept.
-    sqlx::query("ROLLBACK").execute(&mut *conn).await?;
+    if group.len() == 1 {
+        return Ok((vec![Err(failed)], false));
+    }
     sqlx::query("BEGIN IMMEDIATE").execute(&mut *conn).await?;
     answers.clear();
     for job in group {
@@ -209,7 +258,7 @@ async fn run_group(conn: &mut SqliteConnection, group: &[Job]) -> Result<Vec<Row
         answers.push(rows);
     }
     sqlx::query("COMMIT").execute(&mut *conn).await?;
-    Ok(answers)
+    Ok((answers, false))
 }
 
 /// Answers every commit in `replies` with a failure of their transaction.

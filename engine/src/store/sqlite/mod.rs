@@ -80,7 +80,8 @@ impl SqliteStore {
     }
 
     /// A store over an existing pool (opened with WAL and a busy timeout), which then also writes. Call it
-    /// inside a Tokio runtime (it starts the store's group committer).
+    /// inside a Tokio runtime (it starts the store's group committer, which opens a connection of its own with
+    /// the pool's connect options, not its `after_connect` hook).
     pub fn from_pool(pool: sqlx::SqlitePool) -> Self {
         let held = Arc::new(Held::new(pool.clone(), 1));
         let group = GroupCommit::start(held.clone(), (*pool.connect_options()).clone());
