@@ -206,12 +206,30 @@ async fn occupy_slot(
     id: &'static str,
 ) -> (tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<Result<Committed, String>>) {
     let release = hold_row(url, id).await;
-    let blocked = tokio::spawn({
-        let store = store.clone();
-        async move { run(&store, Commit::Fence { id: id.into(), epoch: 1, key: None, guard: true }).await }
-    });
+    let blocked = spawn_run(store, Commit::Fence { id: id.into(), epoch: 1, key: None, guard: true });
     wait_for_lock_wait(store).await;
     (release, blocked)
+}
+
+/// [`run`] in a task of its own.
+fn spawn_run(store: &PgStore, commit: Commit) -> tokio::task::JoinHandle<Result<Committed, String>> {
+    let store = store.clone();
+    tokio::spawn(async move { run(&store, commit).await })
+}
+
+/// After the commits of `handles` have queued, lets the slot's blocker go: it and each of them must be done.
+async fn release_then_all_done(
+    release: tokio::sync::oneshot::Sender<()>,
+    blocked: tokio::task::JoinHandle<Result<Committed, String>>,
+    handles: impl IntoIterator<Item = tokio::task::JoinHandle<Result<Committed, String>>>,
+) {
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let _ = release.send(());
+    assert!(done(&blocked.await.unwrap()));
+    for handle in handles {
+        let outcome = tokio::time::timeout(Duration::from_secs(20), handle).await.unwrap().unwrap();
+        assert!(done(&outcome), "{outcome:?}");
+    }
 }
 
 /// Waits until a statement of this database waits for a lock.
@@ -259,18 +277,8 @@ async fn a_batch_of_successes_commits_once_and_a_locked_member_holds_up_no_one()
     // Eight successes queued behind the blocker: one batch, the fast pass (no member fails), all committed.
     let (release, blocked) = occupy_slot(&store, &url, "blocker").await;
     let before = store.group_commit_counts();
-    let mut handles = Vec::new();
-    for id in ["s1", "s2", "s3", "s4", "s5", "s6", "s7", "s8"] {
-        let (store, commit) = (store.clone(), fence(id));
-        handles.push(tokio::spawn(async move { run(&store, commit).await }));
-    }
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let _ = release.send(());
-    assert!(done(&blocked.await.unwrap()));
-    for handle in handles {
-        let outcome = tokio::time::timeout(Duration::from_secs(20), handle).await.unwrap().unwrap();
-        assert!(done(&outcome), "{outcome:?}");
-    }
+    let handles = ["s1", "s2", "s3", "s4", "s5", "s6", "s7", "s8"].map(|id| spawn_run(&store, fence(id)));
+    release_then_all_done(release, blocked, handles).await;
     let after = store.group_commit_counts();
     assert_eq!((after.0 - before.0, after.1 - before.1), (1, 8), "{before:?} → {after:?}");
     let committed: i64 =
@@ -284,22 +292,9 @@ async fn a_batch_of_successes_commits_once_and_a_locked_member_holds_up_no_one()
     // are answered while it waits, alone, holding no slot; it commits when the row is let go.
     let hold = hold_row(&url, "locked").await;
     let (release, blocked) = occupy_slot(&store, &url, "blocker2").await;
-    let locked = tokio::spawn({
-        let (store, commit) = (store.clone(), fence("locked"));
-        async move { run(&store, commit).await }
-    });
-    let mut handles = Vec::new();
-    for id in ["t1", "t2", "t3"] {
-        let (store, commit) = (store.clone(), fence(id));
-        handles.push(tokio::spawn(async move { run(&store, commit).await }));
-    }
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let _ = release.send(());
-    assert!(done(&blocked.await.unwrap()));
-    for handle in handles {
-        let outcome = tokio::time::timeout(Duration::from_secs(20), handle).await.unwrap().unwrap();
-        assert!(done(&outcome), "{outcome:?}");
-    }
+    let locked = spawn_run(&store, fence("locked"));
+    let handles = ["t1", "t2", "t3"].map(|id| spawn_run(&store, fence(id)));
+    release_then_all_done(release, blocked, handles).await;
     // The slot is free again: a new commit goes through while the locked member still waits.
     let next = run(&store, Commit::Fence { id: "s1".into(), epoch: 1, key: None, guard: true }).await;
     assert!(done(&next), "{next:?}");

@@ -134,10 +134,10 @@ impl Committer {
     async fn commit_group(&mut self, group: Vec<Job>) {
         if self.durable.as_ref().is_some_and(Durable::failed) {
             let why = "a flush of the WAL failed: nothing is committed until the process restarts";
-            return fail(group.into_iter().map(|j| j.reply), why);
+            return fail(group, why);
         }
         let Ok(turn) = self.held.turn().await else {
-            return fail(group.into_iter().map(|j| j.reply), "the store is closed");
+            return fail(group, "the store is closed");
         };
         let conn = match self.conn.take() {
             Some(conn) => Ok(conn),
@@ -145,7 +145,7 @@ impl Committer {
         };
         let mut conn = match conn {
             Ok(conn) => conn,
-            Err(e) => return fail(group.into_iter().map(|j| j.reply), &e.to_string()),
+            Err(e) => return fail(group, &e.to_string()),
         };
         // A lone commit is flushed by its own `COMMIT` and answered at once: no hand-off to the flushing thread,
         // so a lone payment waits no longer than it did. A group's flush is left to the thread.
@@ -161,7 +161,7 @@ impl Committer {
             Err(e) => {
                 // Closed at its turn, which rolls back what it left open, before anyone else writes.
                 let _ = conn.close().await;
-                return fail(group.into_iter().map(|j| j.reply), &e.to_string());
+                return fail(group, &e.to_string());
             }
         };
         // Where the group ran again in savepoints, whether its first call's pragma ran is not known: the next
@@ -261,10 +261,10 @@ async fn run_group(
     Ok((answers, false))
 }
 
-/// Answers every commit in `replies` with a failure of their transaction.
-fn fail(replies: impl Iterator<Item = oneshot::Sender<Rows>>, error: &str) {
+/// Answers every commit of `group` with a failure of their transaction.
+fn fail(group: Vec<Job>, error: &str) {
     tracing::warn!(%error, "group commit failed");
-    for reply in replies {
-        let _ = reply.send(Err(sqlx::Error::Protocol(format!("group commit failed: {error}"))));
+    for job in group {
+        let _ = job.reply.send(Err(sqlx::Error::Protocol(format!("group commit failed: {error}"))));
     }
 }
