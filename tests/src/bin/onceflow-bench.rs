@@ -8,7 +8,8 @@
 //! Scenarios: `seed_pay` and `floor_pay` with pgbench; the payment service as a library on Postgres (in-process
 //! mock channel, zero latency) on Postgres and on SQLite; `onceflow serve` over HTTP on Postgres and on embedded
 //! SQLite (with its peak RSS), and on each 1,000 concurrent requests with one token. With `MYSQL_URL=mysql://…` set (a user who may
-//! `CREATE DATABASE`), the library and HTTP scenarios also run on MySQL / MariaDB. `mq/postgres`: payment
+//! `CREATE DATABASE`), the library and HTTP scenarios also run on MySQL / MariaDB, each also against
+//! `floor_pay/mysql`, `floor_pay`'s statements on the same MySQL server in the same run. `mq/postgres`: payment
 //! commands through `onceflow consume` on a RabbitMQ broker (`AMQP_URL`, default the local guest one).
 //! `refunds/postgres`: refunds through the service as a library, each refunding a paid payment whole, beside
 //! `library/postgres`'s payments of the same run (`--only library/postgres,refunds/postgres`).
@@ -36,6 +37,8 @@ mod library;
 mod measure;
 #[path = "onceflow-bench/mq.rs"]
 mod mq;
+#[path = "onceflow-bench/mysql_floor.rs"]
+mod mysql_floor;
 #[path = "onceflow-bench/notify.rs"]
 mod notify;
 #[path = "onceflow-bench/options.rs"]
@@ -154,27 +157,40 @@ async fn main() -> anyhow::Result<()> {
         remove_sqlite(&path);
     }
 
+    let (mut floor_mysql, mut mysql_rates) = (None, Vec::new());
     match std::env::var("MYSQL_URL") {
         Ok(mysql_base) => {
+            let mut on_mysql = Vec::new();
+            if o.wants("library/mysql") || o.wants("http/mysql") {
+                eprintln!("baseline: floor_pay's statements on MySQL, {} clients", o.concurrency);
+                let floor = mysql_floor::run(&mysql_base, &o).await?;
+                floor_mysql = Some(floor.rate());
+                runs.push(floor);
+            }
             if o.wants("library/mysql") {
                 let url = fresh_mysql_db(&mysql_base, "onceflow_bench_library").await?;
                 let store = MySqlStore::connect(&url, pool_size).await?;
                 store.migrate_payments().await?;
                 seed_mysql(&url, o.count).await?;
-                runs.push(library::run("library/mysql", store, &o).await?);
+                on_mysql.push(library::run("library/mysql", store, &o).await?);
             }
             if o.wants("http/mysql") {
                 let url = fresh_mysql_db(&mysql_base, "onceflow_bench_http").await?;
                 let server = http::serve(&url).await?;
                 seed_mysql(&url, o.count).await?;
-                runs.push(http::run("http/mysql", &server, &o).await?);
+                on_mysql.push(http::run("http/mysql", &server, &o).await?);
             }
+            mysql_rates = on_mysql.iter().map(|r| (r.name, r.rate())).collect();
+            runs.extend(on_mysql);
         }
         Err(_) => eprintln!("MYSQL_URL is not set: no MySQL scenarios"),
     }
 
     report::table(&runs, seed, floor);
     report::paired(paired);
+    if let Some(floor) = floor_mysql {
+        report::mysql(&mysql_rates, floor);
+    }
     report::storms(stormed, o.storm);
     if let Some((notifications, paid, solo)) = notified {
         report::notifications(&notifications, paid, solo);

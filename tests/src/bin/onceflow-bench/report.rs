@@ -67,6 +67,16 @@ pub(crate) fn paired(mut paired: Vec<f64>) {
     }
 }
 
+/// The MySQL scenarios' payments/s against `floor_pay/mysql`'s `floor` from the same run.
+pub(crate) fn mysql(rates: &[(&str, f64)], floor: f64) {
+    let shown: Vec<String> =
+        rates.iter().map(|(name, rate)| format!("{name} {rate:.0}/s = {:.2}x", rate / floor)).collect();
+    println!(
+        "\nagainst floor_pay/mysql ({floor:.0}/s, floor_pay's statements on the same MySQL): {}",
+        shown.join(", ")
+    );
+}
+
 /// Each backend's storm of `storm` concurrent requests under one token: its time and its channel charges.
 pub(crate) fn storms(stormed: Vec<(&str, (Duration, usize))>, storm: u64) {
     for (backend, (storm_time, storm_charges)) in stormed {
