@@ -185,6 +185,17 @@ macro_rules! on_every_backend {
     )*};
 }
 
+/// As [`on_every_backend!`], on SQLite and Postgres only (for what MySQL does not have, like statement phases).
+#[macro_export]
+macro_rules! on_sqlite_and_postgres {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            onceflow_tests::backend_test!(sqlite, $name);
+            onceflow_tests::backend_test!(postgres, $name);
+        }
+    )*};
+}
+
 /// One test `BACKEND` running `super::NAME` on a fresh store of that backend (skipped when its URL is unset).
 #[macro_export]
 macro_rules! backend_test {

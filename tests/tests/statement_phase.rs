@@ -1,6 +1,5 @@
-//! Statement phases on Postgres (a phase of steps sent with its commit as one statement), on SQLite (one
-//! multi-statement call, `BEGIN IMMEDIATE` to `COMMIT`) and on MySQL (one multi-statement text, then `COMMIT` or
-//! `ROLLBACK`): the steps' writes, their rows and the workflow's
+//! Statement phases on Postgres (a phase of steps sent with its commit as one statement) and on SQLite (one
+//! multi-statement call, `BEGIN IMMEDIATE` to `COMMIT`): the steps' writes, their rows and the workflow's
 //! progress commit together or not at all — under a lost lease, a racing duplicate start, a guard that does
 //! not hold (on the first commit: the start is refused), a phase deferred to the workflow's completing commit,
 //! and SQL that fails.
@@ -12,8 +11,7 @@ use onceflow_engine::clock::ManualClock;
 use onceflow_engine::phase::{PhaseStep, SqlArg, StatementPhase};
 use onceflow_engine::store::{SQLITE_PHASE_FLAGS, StepStatus, WorkflowState};
 use onceflow_engine::{
-    Engine, EngineConfig, Failure, Interrupt, MySqlStore, Outcome, PgStore, SqliteStore, Workflow, WorkflowContext,
-    step,
+    Engine, EngineConfig, Failure, Interrupt, Outcome, PgStore, SqliteStore, Workflow, WorkflowContext, step,
 };
 use onceflow_tests::TestDb;
 use serde::{Deserialize, Serialize};
@@ -53,16 +51,6 @@ impl PhaseDb for PgStore {
     fn insert_effect(what: &str) -> (Vec<String>, String) {
         let cte = format!("e AS (INSERT INTO effects (workflow_id, what) VALUES ($1, {what}) RETURNING 1)");
         (vec![cte], "EXISTS (SELECT 1 FROM e)".to_owned())
-    }
-}
-
-impl PhaseDb for MySqlStore {
-    fn insert_effect(what: &str) -> (Vec<String>, String) {
-        let statements = vec![
-            format!("INSERT INTO effects (workflow_id, what) VALUES ($1, {what})"),
-            "SET @onceflow_e = ROW_COUNT()".to_owned(),
-        ];
-        (statements, "(@onceflow_e > 0)".to_owned())
     }
 }
 
@@ -143,7 +131,7 @@ fn plan(guard: bool, deferred: bool) -> Plan {
     Plan { guard, deferred, pause: false, phase_first: false, broken: false }
 }
 
-onceflow_tests::on_every_backend!(
+onceflow_tests::on_sqlite_and_postgres!(
     a_phase_commits_its_step_and_writes_once,
     a_failed_guard_writes_nothing_and_fails_the_step,
     a_first_phase_whose_guard_fails_refuses_the_start,

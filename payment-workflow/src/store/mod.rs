@@ -9,7 +9,7 @@ use onceflow_engine::{BoxFuture, Conn, Failure, Interrupt, StepError, StepSpec, 
 
 use crate::model::PaymentInput;
 use crate::model::{
-    Order, OrderNo, OrderStatus, PaymentRecord, PaymentStatus, RequestNo, StoredResponse, Token, TokenRecord,
+    Currency, Order, OrderNo, OrderStatus, PaymentRecord, PaymentStatus, RequestNo, StoredResponse, Token, TokenRecord,
 };
 
 mod channel_word;
@@ -60,6 +60,17 @@ pub enum Reserve {
     Mismatch,
     /// Paid, or another attempt is in flight.
     NotPayable,
+}
+
+impl Reserve {
+    /// Why an order (its amount and currency as `found`, if it exists) could not be reserved.
+    fn refused(found: Option<(i64, String)>, amount: i64, currency: &Currency) -> Self {
+        match found {
+            None => Self::NotFound,
+            Some((a, c)) if a != amount || c != currency.as_str() => Self::Mismatch,
+            Some(_) => Self::NotPayable,
+        }
+    }
 }
 
 /// The steps of the saga's first phase, in order: `claim_token`, `insert_record`, `reserve_status`, and the

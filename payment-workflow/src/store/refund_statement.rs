@@ -66,14 +66,12 @@ fn reserve(d: PhaseDialect, i: &RefundInput, now: i64, steps: RefundSteps, not_c
     // before", never an error.
     parts.extend(d.write(
         "r_refund",
-        &d.insert_new(
-            "refunds (tenant, refund_no, request_no, order_no, amount, currency, status, reason, token, \
-             merchant_refund_no, refund_id, created_at, updated_at)",
-            &format!(
-                "SELECT $2, $6, $7, p.order_no, $8, p.currency, 'processing', CASE WHEN $11 <> 0 THEN $9 END, $1, \
-                 $10, NULL, $5, $5 FROM payments p WHERE p.tenant = $2 AND p.request_no = $7 AND {claimed}"
-            ),
-            "",
+        &format!(
+            "INSERT INTO refunds (tenant, refund_no, request_no, order_no, amount, currency, status, reason, token, \
+             merchant_refund_no, refund_id, created_at, updated_at) \
+             SELECT $2, $6, $7, p.order_no, $8, p.currency, 'processing', CASE WHEN $11 <> 0 THEN $9 END, $1, $10, \
+             NULL, $5, $5 FROM payments p WHERE p.tenant = $2 AND p.request_no = $7 AND {claimed} \
+             ON CONFLICT DO NOTHING"
         ),
     ));
     // The reservation: one conditional update, whose condition is the whole rule (the database re-checks it on
@@ -108,7 +106,7 @@ fn reserve(d: PhaseDialect, i: &RefundInput, now: i64, steps: RefundSteps, not_c
             "(SELECT json_build_object('created_at', $5::bigint, 'currency', p.currency, 'order_no', p.order_no)::text \
              {payment})"
         ),
-        PhaseDialect::Sqlite | PhaseDialect::Mysql => {
+        PhaseDialect::Sqlite => {
             format!("(SELECT json_object('created_at', $5, 'currency', p.currency, 'order_no', p.order_no) {payment})")
         }
     };
@@ -168,7 +166,7 @@ fn confirm(
                  RETURNING 1)"
             ));
         }
-        PhaseDialect::Sqlite | PhaseDialect::Mysql => {
+        PhaseDialect::Sqlite => {
             parts.extend(d.write("r_payment", &move_amount));
             parts.extend(d.write(
                 "r_order",
@@ -201,7 +199,7 @@ fn confirm(
     let confirmed = format!("{ended} AND {moved} AND {}", d.wrote("r_token"));
     // The outbox: the refund's `refund.succeeded`, written only with the outcome (and once: its id is the
     // refund's). Not part of the guard: an event already there is no reason to refuse the outcome.
-    let event = outbox::phase_insert(&i.succeeded_event(response, now), &mut args);
-    parts.extend(d.write("r_event", &d.insert_new(outbox::PHASE_INTO, &d.select_when(&event, &confirmed), "(id)")));
+    let event = outbox::phase_insert(&i.succeeded_event(response, now), &confirmed, &mut args);
+    parts.extend(d.write("r_event", &event));
     StatementPhase::new(parts, args, vec![PhaseStep::new(spec, "$10")]).guard(confirmed, not_processing)
 }

@@ -1,7 +1,6 @@
-//! The saga's two atomic phases as statement phases, on every backend: each is sent with its commit as one call
-//! (Postgres: one statement of data-modifying CTEs; SQLite: one multi-statement call to the writer; MySQL: one
-//! multi-statement text, then its `COMMIT`), so a payment's phase costs one round trip (MySQL two) instead of a
-//! transaction of four to eight. The
+//! The saga's two atomic phases as statement phases, on the backends that have them (Postgres, SQLite): each is
+//! sent with its commit as one call (Postgres: one statement of data-modifying CTEs; SQLite: one multi-statement
+//! call to the writer), so a payment's phase costs one round trip instead of a transaction of four to six. The
 //! outputs are the JSON MySQL's closure steps store (`true`, `"Reserved"`, the stored response), so a
 //! workflow's step rows read the same on every backend. The second phase writes the payment's event too (the
 //! outbox: `events/outbox.rs`).
@@ -62,10 +61,6 @@ pub enum PhaseDialect {
     Postgres,
     /// Statements in order inside the commit's transaction, each write followed by a flag of whether it wrote.
     Sqlite,
-    /// Statements in order inside the commit's transaction (one multi-statement text, see the engine's
-    /// `mysql/commit.rs`), each write followed by a session variable of whether it wrote (its rows matched:
-    /// sqlx connects with `CLIENT_FOUND_ROWS`).
-    Mysql,
 }
 
 impl PhaseDialect {
@@ -77,7 +72,6 @@ impl PhaseDialect {
             Self::Sqlite => {
                 vec![dml.to_owned(), format!("INSERT INTO {SQLITE_PHASE_FLAGS} SELECT '{name}' WHERE changes() > 0")]
             }
-            Self::Mysql => vec![dml.to_owned(), format!("SET @onceflow_{name} = ROW_COUNT()")],
         }
     }
 
@@ -86,26 +80,6 @@ impl PhaseDialect {
         match self {
             Self::Postgres => format!("EXISTS (SELECT 1 FROM {name})"),
             Self::Sqlite => format!("EXISTS (SELECT 1 FROM {SQLITE_PHASE_FLAGS} WHERE flag = '{name}')"),
-            Self::Mysql => format!("(@onceflow_{name} > 0)"),
-        }
-    }
-
-    /// `INSERT INTO {into} {select}` that writes nothing where it would repeat a unique key (of `target`, a
-    /// conflict target such as `(id)`, or any): MySQL's `INSERT IGNORE` (the values are checked before: an
-    /// `IGNORE` would also cut a value too long for its column), `ON CONFLICT … DO NOTHING` elsewhere.
-    pub fn insert_new(self, into: &str, select: &str, target: &str) -> String {
-        match self {
-            Self::Mysql => format!("INSERT IGNORE INTO {into} {select}"),
-            Self::Postgres | Self::Sqlite => format!("INSERT INTO {into} {select} ON CONFLICT {target} DO NOTHING"),
-        }
-    }
-
-    /// `SELECT {values}` (no table) only when `condition` holds: MySQL needs `FROM DUAL` for a `WHERE`, the others
-    /// have no `DUAL`.
-    pub fn select_when(self, values: &str, condition: &str) -> String {
-        match self {
-            Self::Mysql => format!("SELECT {values} FROM DUAL WHERE {condition}"),
-            Self::Postgres | Self::Sqlite => format!("SELECT {values} WHERE {condition}"),
         }
     }
 }
@@ -123,11 +97,11 @@ fn reserve(d: PhaseDialect, i: &PaymentInput, now: i64, steps: ReserveSteps, not
     );
     parts.extend(d.write(
         "p_record",
-        &d.insert_new(
-            "payments (tenant, request_no, order_no, amount, currency, status, token, charge_id, decline_code, \
-             created_at, updated_at)",
-            &d.select_when("$2, $6, $7, $8, $9, 'processing', $1, NULL, NULL, $5, $5", &claimed),
-            "(tenant, request_no)",
+        &format!(
+            "INSERT INTO payments (tenant, request_no, order_no, amount, currency, status, token, charge_id, \
+             decline_code, created_at, updated_at) \
+             SELECT $2, $6, $7, $8, $9, 'processing', $1, NULL, NULL, $5, $5 WHERE {claimed} \
+             ON CONFLICT (tenant, request_no) DO NOTHING"
         ),
     ));
     parts.extend(d.write(
@@ -152,7 +126,7 @@ fn reserve(d: PhaseDialect, i: &PaymentInput, now: i64, steps: ReserveSteps, not
     // Amount and currency are never updated, so reading the order here (before the phase's writes on Postgres,
     // after them on SQLite) finds the same.
     let found = "EXISTS (SELECT 1 FROM orders WHERE tenant = $2 AND order_no = $7)";
-    // As `Reserve` serializes: no order, one whose amount or currency differ, or one not pending.
+    // As `Reserve` serializes; the same reading of the order as `Reserve::refused`.
     let reservation = format!(
         "CASE WHEN {reserved} THEN '\"Reserved\"' WHEN NOT {found} THEN '\"NotFound\"' \
          WHEN EXISTS (SELECT 1 FROM orders WHERE tenant = $2 AND order_no = $7 AND (amount <> $8 OR currency <> $9)) \
@@ -218,7 +192,7 @@ fn confirm(
     // The outbox: the payment's `payment.succeeded`, written only with the outcome (and once: its id is the
     // payment's). Not part of the guard: an event already there is no reason to refuse the outcome.
     let end = PaymentEnd::Succeeded { charge_id: charge_id.to_owned(), refunded: 0 };
-    let event = outbox::phase_insert(&i.event(&end, now), &mut args);
-    parts.extend(d.write("p_event", &d.insert_new(outbox::PHASE_INTO, &d.select_when(&event, &paid), "(id)")));
+    let event = outbox::phase_insert(&i.event(&end, now), &paid, &mut args);
+    parts.extend(d.write("p_event", &event));
     StatementPhase::new(parts, args, vec![PhaseStep::new(spec, "$9")]).guard(paid, not_paying)
 }

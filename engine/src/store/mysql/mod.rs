@@ -12,25 +12,20 @@
 //! order they appear, which the binders below follow.
 
 use std::str::FromStr;
-use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::mysql::{MySqlArguments, MySqlConnectOptions, MySqlPoolOptions};
 use sqlx::{Executor, MySql};
 
 use super::common::{self, Cleanup};
-use super::held::{Held, Writer};
 use super::{
     Checkpoint, Committed, CompensationRecord, Conn, Deleted, Lease, Listener, Reopen, StepRecord, Store, Tx,
     WorkflowFilter, WorkflowRecord, WorkflowState, WorkflowUpdate, WorkflowWrite, compensations,
 };
 use crate::error::Result;
-use crate::phase::PhaseCommit;
 
 mod audit;
-mod commit;
 mod gc;
-mod inline;
 mod list;
 mod migrate;
 
@@ -128,8 +123,6 @@ pub struct MySqlStore {
     pool: sqlx::MySqlPool,
     /// Two connections of their own for the lease heartbeat and the recovery scan (see `PgStore`).
     leases: sqlx::MySqlPool,
-    /// Most of the pool's connections, kept for one-call commits (see [`Held`]); none when the pool is small.
-    held: Option<Arc<Held<MySql>>>,
 }
 
 impl MySqlStore {
@@ -171,12 +164,7 @@ impl MySqlStore {
     /// A store over an existing pool, made with [`MySqlStore::pool_options`].
     pub fn from_pool(pool: sqlx::MySqlPool) -> Self {
         let leases = Self::pool_options(2).connect_lazy_with((*pool.connect_options()).clone());
-        // As on Postgres: a quarter of the connections, at least two, stay in the pool for reads and
-        // transactions.
-        let max = pool.options().get_max_connections() as usize;
-        let held = max.saturating_sub((max / 4).max(2));
-        let held = (held > 0).then(|| Arc::new(Held::new(pool.clone(), held)));
-        Self { pool, leases, held }
+        Self { pool, leases }
     }
 
     async fn select_in(&self, conn: &mut Conn<Self>, ids: &[String]) -> Result<Vec<WorkflowRecord>> {
@@ -315,22 +303,6 @@ impl Store for MySqlStore {
                 None => Committed::LeaseLost,
             },
         })
-    }
-
-    /// A commit with a statement phase in two calls (see `commit.rs`); any other commit is left to a
-    /// transaction (`None`).
-    async fn commit_in_one_call(
-        &self,
-        checkpoint: &Checkpoint<'_>,
-        phase: Option<PhaseCommit<'_>>,
-        _finished: bool,
-    ) -> Result<Option<Committed>> {
-        let Some(phase) = phase else { return Ok(None) };
-        let conn = match &self.held {
-            Some(held) => held.get_or_pooled().await?,
-            None => Writer::pooled(self.pool.acquire().await?),
-        };
-        Ok(Some(commit::commit_in_one_call(conn, checkpoint, phase).await?))
     }
 
     async fn write_steps(&self, conn: &mut Conn<Self>, steps: &[StepRecord]) -> Result<()> {

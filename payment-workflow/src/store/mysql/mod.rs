@@ -1,11 +1,9 @@
 //! The payment tables on MySQL / MariaDB: `?` parameters, bound in the order they appear, and a duplicate key
 //! read as "exists" (MySQL rolls back only the failed statement, the step's transaction goes on). The saga's
-//! phases run as statement phases (`../statement.rs`, sent by the engine as one multi-statement text); the
-//! refunds' as closure steps in one transaction (`steps.rs`, `refunds.rs`); here, the queries outside steps.
+//! phases run as closure steps in one transaction (`steps.rs`); here, the queries outside steps.
 
 use onceflow_engine::{Conn, Failure, Interrupt, MySqlStore, StepSpec, Store, WorkflowContext};
 
-use super::statement::{self, PhaseDialect};
 use super::{PassLock, PaymentCursor, PaymentStore, Reserve, ReserveSteps, Sql, TokenCheck, TokenKind};
 use crate::model::PaymentInput;
 use crate::model::{
@@ -63,7 +61,7 @@ impl PaymentStore for MySqlStore {
         steps: ReserveSteps,
         refused: Failure,
     ) -> Result<Option<Reserve>, Interrupt> {
-        statement::run_reserve(ctx, PhaseDialect::Mysql, input, now, steps, refused).await
+        steps::reserve(ctx, input, now, steps, refused).await
     }
 
     async fn confirm(
@@ -75,7 +73,7 @@ impl PaymentStore for MySqlStore {
         response: StoredResponse,
         not_paying: Failure,
     ) -> Result<StoredResponse, Interrupt> {
-        statement::run_confirm(ctx, PhaseDialect::Mysql, input, now, spec, &charge_id, response, not_paying).await
+        steps::confirm(ctx, input, now, spec, charge_id, response, not_paying).await
     }
 
     fn move_order<'c>(
