@@ -1,5 +1,6 @@
 //! What the bench prints at the end: the table of every scenario against the baselines, the paired rounds'
-//! ratios, the storms, the notifications taken under load, and the rates with and without webhooks or tracing.
+//! ratios, the MySQL scenarios against their own floor, the storms, the notifications taken under load, and the
+//! rates with and without webhooks or tracing.
 
 use std::time::Duration;
 
