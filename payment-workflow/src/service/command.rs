@@ -49,10 +49,14 @@ impl<S: PaymentStore> Payments<S> {
             // The token is the command's own, so say so in the command's terms. Unless the command has the fields
             // of its own payment, whose answer and history were deleted (past their retention) and whose token,
             // made again, a command with other fields took first: the record still answers this one.
+            // And unless the number is an HTTP payment's: a command with other fields, delivered first, bound the
+            // command's token to its own fields (and was refused); one with that payment's fields is still that
+            // payment, whatever came before it.
             Some("idempotency_key_mismatch") => match self.payment(tenant, request_no).await? {
                 Some(record) if record.token == token && same_fields(&record, request) => {
                     Ok(answer_of_record(&record).unwrap_or_else(|| command_mismatch(request_no)))
                 }
+                Some(record) if record.token != token => self.answer_of_payment(tenant, record, request, wait).await,
                 _ => Ok(command_mismatch(request_no)),
             },
             // The number is another payment's (an HTTP one): that payment is the answer. Found here rather than
