@@ -79,6 +79,49 @@ async fn a_command_under_an_http_number_is_that_payment<S: TestDb + PaymentStore
     assert_eq!(channel.ledger().charge_calls, 1, "a command charged again");
 }
 
+/// A command with other fields under an HTTP payment's number, taken first, binds the command's token to its
+/// fields and is refused; a command with the payment's own fields is still that payment (`contracts/mq.md`).
+async fn a_mismatched_command_first_leaves_the_http_payment_the_answer<S: TestDb + PaymentStore>(store: S) {
+    let channel = MockChannel::reliable();
+    let p = Payments::new(store.clone(), Arc::new(channel.clone()), EngineConfig::default());
+    p.create_order(T, &order_no("O-1"), 1000, &cny()).await.unwrap();
+    let token = p.issue_token(T).await.unwrap().token;
+    let paid = p.pay(T, &token, "/v1/payments", &request("O-1", 1000, Some("H-1")), WAIT).await.unwrap();
+    assert_eq!(paid.status, 201);
+    let other = p.pay_command(T, &request("O-1", 500, Some("H-1")), WAIT).await.unwrap();
+    assert_eq!((other.status, code(&other.body)), (422, "idempotency_key_mismatch".into()));
+    for _ in 0..2 {
+        let same = p.pay_command(T, &request("O-1", 1000, Some("H-1")), WAIT).await.unwrap();
+        assert_eq!((same.status, &same.body), (201, &paid.body));
+    }
+    let again = p.pay_command(T, &request("O-1", 500, Some("H-1")), WAIT).await.unwrap();
+    assert_eq!((again.status, &again.body), (422, &other.body), "the same command, the same answer");
+    assert_eq!(channel.ledger().charge_calls, 1, "a command charged again");
+}
+
+/// A number a command was answered on (an unknown order: `404`, nothing recorded), then another command under it
+/// (`422`, for an order that exists), then an HTTP payment that takes the number with that command's fields: each
+/// command keeps its first answer.
+async fn commands_answered_before_an_http_payment_took_their_number_keep_their_answers<S: TestDb + PaymentStore>(
+    store: S,
+) {
+    let channel = MockChannel::reliable();
+    let p = Payments::new(store.clone(), Arc::new(channel.clone()), EngineConfig::default());
+    p.create_order(T, &order_no("O-1"), 1000, &cny()).await.unwrap();
+    let unknown = p.pay_command(T, &request("O-X", 1000, Some("H-1")), WAIT).await.unwrap();
+    assert_eq!((unknown.status, code(&unknown.body)), (404, "order_not_found".into()));
+    let same = p.pay_command(T, &request("O-1", 1000, Some("H-1")), WAIT).await.unwrap();
+    assert_eq!((same.status, code(&same.body)), (422, "idempotency_key_mismatch".into()));
+    let token = p.issue_token(T).await.unwrap().token;
+    let paid = p.pay(T, &token, "/v1/payments", &request("O-1", 1000, Some("H-1")), WAIT).await.unwrap();
+    assert_eq!(paid.status, 201, "{}", paid.body);
+    let again = p.pay_command(T, &request("O-1", 1000, Some("H-1")), WAIT).await.unwrap();
+    assert_eq!((again.status, &again.body), (422, &same.body), "the same command, the same answer");
+    let unknown_again = p.pay_command(T, &request("O-X", 1000, Some("H-1")), WAIT).await.unwrap();
+    assert_eq!((unknown_again.status, &unknown_again.body), (404, &unknown.body));
+    assert_eq!(channel.ledger().charge_calls, 1);
+}
+
 async fn the_commands_token_is_ensured_revived_and_left_alone_once_used<S: TestDb + PaymentStore>(store: S) {
     let token = command_token(T, "R-9");
     let record = |expires_at: i64| TokenRecord {
@@ -224,5 +267,7 @@ on_every_backend!(
     a_command_for_an_unknown_order_keeps_its_answer,
     fifty_deliveries_of_one_command_charge_once,
     a_command_under_an_http_number_is_that_payment,
+    a_mismatched_command_first_leaves_the_http_payment_the_answer,
+    commands_answered_before_an_http_payment_took_their_number_keep_their_answers,
     the_commands_token_is_ensured_revived_and_left_alone_once_used,
 );

@@ -49,14 +49,21 @@ impl<S: PaymentStore> Payments<S> {
             // The token is the command's own, so say so in the command's terms. Unless the command has the fields
             // of its own payment, whose answer and history were deleted (past their retention) and whose token,
             // made again, a command with other fields took first: the record still answers this one.
-            // And unless the number is an HTTP payment's: a command with other fields, delivered first, bound the
-            // command's token to its own fields (and was refused); one with that payment's fields is still that
-            // payment, whatever came before it.
+            // And unless the number is an HTTP payment's that the command's token was bound against: a command with
+            // other fields, delivered first, met that payment and bound the token to its own fields (refused); one
+            // with that payment's fields is still that payment. Not where the token keeps a command's answer for an
+            // unknown order, settled before the HTTP payment took the number: the commands under it were answered
+            // `422` then, and keep that answer.
             Some("idempotency_key_mismatch") => match self.payment(tenant, request_no).await? {
                 Some(record) if record.token == token && same_fields(&record, request) => {
                     Ok(answer_of_record(&record).unwrap_or_else(|| command_mismatch(request_no)))
                 }
-                Some(record) if record.token != token => self.answer_of_payment(tenant, record, request, wait).await,
+                Some(record) if record.token != token => {
+                    if self.settled_unknown_order(tenant, &token, request).await? {
+                        return Ok(command_mismatch(request_no));
+                    }
+                    self.answer_of_payment(tenant, record, request, wait).await
+                }
                 _ => Ok(command_mismatch(request_no)),
             },
             // The number is another payment's (an HTTP one): that payment is the answer. Found here rather than
@@ -75,6 +82,13 @@ impl<S: PaymentStore> Payments<S> {
             },
             _ => Ok(response),
         }
+    }
+
+    /// Whether the command's `token` keeps the answer to a command for an order that did not exist
+    /// (`settle_unused_token`: completed, `404`, nothing recorded).
+    async fn settled_unknown_order(&self, tenant: &str, token: &Token, request: &PaymentRequest) -> Result<bool> {
+        let found = self.store().token_and_order(token, tenant, request.order_no()).await?;
+        Ok(found.is_some_and(|(t, _)| t.state == TokenState::Completed && t.response_status == Some(404)))
     }
 
     /// The answer to a command whose `request_no` another payment (an HTTP one) already has: with the same
