@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::mq::{
-    Client, Consume, Fleet, amqp_url, collect, judge, kill, serve_channel, serve_mock, terminate, unique,
+    Answers, Client, Consume, Fleet, amqp_url, collect, judge, kill, serve_channel, serve_mock, terminate, unique,
 };
 use lapin::types::AMQPValue;
 use onceflow_api::Auth;
@@ -198,26 +198,47 @@ async fn a_storm_of_redelivered_commands_charges_once_sqlite() {
     storm(db, store, 1, 30).await;
 }
 
-#[cfg_attr(any(onceflow_no_postgres, onceflow_no_amqp), ignore = "DATABASE_URL or AMQP_URL is not set")]
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_command_under_an_http_payments_number_is_that_payment() {
+/// `serve` on Postgres and one `onceflow consume` on a queue of its own (named from `name`), with the mock channel
+/// both charge, a client and the reply queue's answers; `None` (skipped, said on stderr) without `AMQP_URL` or
+/// `DATABASE_URL`.
+struct BesideHttp {
+    app: common::App,
+    channel: MockChannel,
+    client: Client,
+    answers: Answers,
+    queue: String,
+    replies: String,
+    fleet: Fleet,
+}
+
+async fn beside_http(name: &str) -> Option<BesideHttp> {
     let Some(amqp) = amqp_url() else {
         eprintln!("skipped: AMQP_URL is not set");
-        return;
+        return None;
     };
     let Some(db) = onceflow_tests::pg_url().await.unwrap() else {
         eprintln!("skipped: DATABASE_URL is not set");
-        return;
+        return None;
     };
     let (channel_url, channel) = serve_channel().await;
     let app = common::start(&db, Arc::new(channel.clone()), Auth::SingleTenant).await;
-    let (queue, replies) = (unique("http"), unique("http.replies"));
+    let (queue, replies) = (unique(name), unique(&format!("{name}.replies")));
     let client = Client::connect(&amqp).await;
     client.declare(&replies).await;
     let (answers, _) = collect(&amqp, &replies);
-    let consume = Consume { db, channel_url, amqp_url: amqp.clone(), queue: queue.clone(), prefetch: 8 };
-    let mut fleet = Fleet(vec![consume.spawn()]);
+    let consume = Consume { db, channel_url, amqp_url: amqp, queue: queue.clone(), prefetch: 8 };
+    let fleet = Fleet(vec![consume.spawn()]);
     client.wait_consumers(&queue, 1).await;
+    Some(BesideHttp { app, channel, client, answers, queue, replies, fleet })
+}
+
+#[cfg_attr(any(onceflow_no_postgres, onceflow_no_amqp), ignore = "DATABASE_URL or AMQP_URL is not set")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_command_under_an_http_payments_number_is_that_payment() {
+    let Some(BesideHttp { app, channel, client, answers, queue, replies, mut fleet }) = beside_http("http").await
+    else {
+        return;
+    };
 
     // Paid over HTTP, then the same payment as a command: its status and body, no new charge call.
     app.order("O-1", 1000).await;
@@ -286,23 +307,10 @@ async fn a_command_under_an_http_payments_number_is_that_payment() {
 #[cfg_attr(any(onceflow_no_postgres, onceflow_no_amqp), ignore = "DATABASE_URL or AMQP_URL is not set")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_mismatched_command_first_leaves_the_http_payment_the_answer() {
-    let Some(amqp) = amqp_url() else {
-        eprintln!("skipped: AMQP_URL is not set");
+    let Some(BesideHttp { app, channel, client, answers, queue, replies, mut fleet }) = beside_http("first").await
+    else {
         return;
     };
-    let Some(db) = onceflow_tests::pg_url().await.unwrap() else {
-        eprintln!("skipped: DATABASE_URL is not set");
-        return;
-    };
-    let (channel_url, channel) = serve_channel().await;
-    let app = common::start(&db, Arc::new(channel.clone()), Auth::SingleTenant).await;
-    let (queue, replies) = (unique("first"), unique("first.replies"));
-    let client = Client::connect(&amqp).await;
-    client.declare(&replies).await;
-    let (answers, _) = collect(&amqp, &replies);
-    let consume = Consume { db, channel_url, amqp_url: amqp.clone(), queue: queue.clone(), prefetch: 8 };
-    let mut fleet = Fleet(vec![consume.spawn()]);
-    client.wait_consumers(&queue, 1).await;
 
     app.order("O-1", 1000).await;
     let paid = app.pay(&app.token().await, command(1, "H-1")).await;

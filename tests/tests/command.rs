@@ -9,8 +9,8 @@ use std::time::Duration;
 use onceflow_engine::EngineConfig;
 use onceflow_engine::clock::{Clock, ManualClock};
 use onceflow_payments::{
-    MockChannel, MockChannelConfig, OrderStatus, PaymentRequest, PaymentStore, Payments, Retention, Token, TokenRecord,
-    TokenState, check_invariants,
+    MockChannel, MockChannelConfig, OrderStatus, PayResponse, PaymentRequest, PaymentStore, Payments, Retention, Token,
+    TokenRecord, TokenState, check_invariants,
 };
 use onceflow_tests::ids::{cny, order_no, pay_request, request_no};
 use onceflow_tests::{TestDb, on_every_backend};
@@ -63,13 +63,20 @@ async fn fifty_deliveries_of_one_command_charge_once<S: TestDb + PaymentStore>(s
     assert!(violations.is_empty(), "{violations:?}");
 }
 
+/// Pays `order` (1000 CNY) over the HTTP route under `number` with a fresh token, as a client of `POST /v1/payments`
+/// would; it must be charged.
+async fn http_payment<S: PaymentStore>(p: &Payments<S>, order: &str, number: &str) -> PayResponse {
+    let token = p.issue_token(T).await.unwrap().token;
+    let paid = p.pay(T, &token, "/v1/payments", &request(order, 1000, Some(number)), WAIT).await.unwrap();
+    assert_eq!(paid.status, 201, "{}", paid.body);
+    paid
+}
+
 async fn a_command_under_an_http_number_is_that_payment<S: TestDb + PaymentStore>(store: S) {
     let channel = MockChannel::reliable();
     let p = Payments::new(store.clone(), Arc::new(channel.clone()), EngineConfig::default());
     p.create_order(T, &order_no("O-1"), 1000, &cny()).await.unwrap();
-    let token = p.issue_token(T).await.unwrap().token;
-    let paid = p.pay(T, &token, "/v1/payments", &request("O-1", 1000, Some("H-1")), WAIT).await.unwrap();
-    assert_eq!(paid.status, 201);
+    let paid = http_payment(&p, "O-1", "H-1").await;
     for _ in 0..2 {
         let same = p.pay_command(T, &request("O-1", 1000, Some("H-1")), WAIT).await.unwrap();
         assert_eq!((same.status, &same.body), (201, &paid.body));
@@ -85,9 +92,7 @@ async fn a_mismatched_command_first_leaves_the_http_payment_the_answer<S: TestDb
     let channel = MockChannel::reliable();
     let p = Payments::new(store.clone(), Arc::new(channel.clone()), EngineConfig::default());
     p.create_order(T, &order_no("O-1"), 1000, &cny()).await.unwrap();
-    let token = p.issue_token(T).await.unwrap().token;
-    let paid = p.pay(T, &token, "/v1/payments", &request("O-1", 1000, Some("H-1")), WAIT).await.unwrap();
-    assert_eq!(paid.status, 201);
+    let paid = http_payment(&p, "O-1", "H-1").await;
     let other = p.pay_command(T, &request("O-1", 500, Some("H-1")), WAIT).await.unwrap();
     assert_eq!((other.status, code(&other.body)), (422, "idempotency_key_mismatch".into()));
     for _ in 0..2 {
@@ -112,9 +117,7 @@ async fn commands_answered_before_an_http_payment_took_their_number_keep_their_a
     assert_eq!((unknown.status, code(&unknown.body)), (404, "order_not_found".into()));
     let same = p.pay_command(T, &request("O-1", 1000, Some("H-1")), WAIT).await.unwrap();
     assert_eq!((same.status, code(&same.body)), (422, "idempotency_key_mismatch".into()));
-    let token = p.issue_token(T).await.unwrap().token;
-    let paid = p.pay(T, &token, "/v1/payments", &request("O-1", 1000, Some("H-1")), WAIT).await.unwrap();
-    assert_eq!(paid.status, 201, "{}", paid.body);
+    http_payment(&p, "O-1", "H-1").await;
     let again = p.pay_command(T, &request("O-1", 1000, Some("H-1")), WAIT).await.unwrap();
     assert_eq!((again.status, &again.body), (422, &same.body), "the same command, the same answer");
     let unknown_again = p.pay_command(T, &request("O-X", 1000, Some("H-1")), WAIT).await.unwrap();
