@@ -117,16 +117,51 @@ impl<DB: Database> std::ops::DerefMut for Writer<'_, DB> {
 impl<DB: Database> Drop for Writer<'_, DB> {
     fn drop(&mut self) {
         let Some(mut conn) = self.conn.take() else { return };
+        // A connection dropped mid-call is closed; one that failed outside the database takes the idle held
+        // ones with it, whether or not its call was under way.
         if self.open {
             conn.close_on_drop();
-            return;
         }
         let Some((held, _)) = &self.held else { return };
         let Ok(mut idle) = held.idle.lock() else { return };
         if self.broken {
             idle.clear();
-        } else {
+        } else if !self.open {
             idle.push(conn);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use sqlx::Sqlite;
+    use sqlx::sqlite::SqlitePoolOptions;
+
+    use super::*;
+
+    fn idle(held: &Held<Sqlite>) -> usize {
+        held.idle.lock().unwrap().len()
+    }
+
+    fn io_error() -> std::result::Result<(), sqlx::Error> {
+        Err(sqlx::Error::Io(std::io::Error::other("connection reset")))
+    }
+
+    /// A connection that failed outside the database takes every idle held one with it: what broke it (a
+    /// server restart) broke them too, and each would cost its next caller a failed call.
+    #[tokio::test]
+    async fn a_broken_connection_clears_the_idle_ones() {
+        for open in [false, true] {
+            let pool = SqlitePoolOptions::new().max_connections(3).connect("sqlite::memory:").await.unwrap();
+            let held = Held::new(pool, 3);
+            let (first, mut second) = (held.get().await.unwrap(), held.get().await.unwrap());
+            drop(first);
+            assert_eq!(idle(&held), 1);
+            // A one-call commit under way (`open`) when the failure came: closed, and the idle ones go too.
+            second.set_open(open);
+            assert!(second.check(io_error()).is_err());
+            drop(second);
+            assert_eq!(idle(&held), 0, "open: {open}");
         }
     }
 }
