@@ -117,12 +117,37 @@ async fn commands_answered_before_an_http_payment_took_their_number_keep_their_a
     assert_eq!((unknown.status, code(&unknown.body)), (404, "order_not_found".into()));
     let same = p.pay_command(T, &request("O-1", 1000, Some("H-1")), WAIT).await.unwrap();
     assert_eq!((same.status, code(&same.body)), (422, "idempotency_key_mismatch".into()));
+    let other_unknown = p.pay_command(T, &request("O-Y", 1000, Some("H-1")), WAIT).await.unwrap();
+    assert_eq!((other_unknown.status, code(&other_unknown.body)), (404, "order_not_found".into()));
     http_payment(&p, "O-1", "H-1").await;
+    let other_unknown_again = p.pay_command(T, &request("O-Y", 1000, Some("H-1")), WAIT).await.unwrap();
+    assert_eq!((other_unknown_again.status, &other_unknown_again.body), (404, &other_unknown.body));
     let again = p.pay_command(T, &request("O-1", 1000, Some("H-1")), WAIT).await.unwrap();
     assert_eq!((again.status, &again.body), (422, &same.body), "the same command, the same answer");
     let unknown_again = p.pay_command(T, &request("O-X", 1000, Some("H-1")), WAIT).await.unwrap();
     assert_eq!((unknown_again.status, &unknown_again.body), (404, &unknown.body));
     assert_eq!(channel.ledger().charge_calls, 1);
+}
+
+/// A command for an order that does not exist under the number of an HTTP payment made before it is a command with
+/// other fields than that payment's: `422` (`contracts/mq.md`), and it leaves the command's token free, so that a
+/// command with the payment's own fields, coming after it, is still that payment.
+async fn a_command_for_an_unknown_order_under_an_http_number_leaves_it_the_answer<S: TestDb + PaymentStore>(store: S) {
+    let channel = MockChannel::reliable();
+    let p = Payments::new(store.clone(), Arc::new(channel.clone()), EngineConfig::default());
+    p.create_order(T, &order_no("O-1"), 1000, &cny()).await.unwrap();
+    let paid = http_payment(&p, "O-1", "H-1").await;
+    let unknown = p.pay_command(T, &request("O-X", 1000, Some("H-1")), WAIT).await.unwrap();
+    assert_eq!((unknown.status, code(&unknown.body)), (422, "idempotency_key_mismatch".into()));
+    for _ in 0..2 {
+        let same = p.pay_command(T, &request("O-1", 1000, Some("H-1")), WAIT).await.unwrap();
+        assert_eq!((same.status, &same.body), (201, &paid.body));
+    }
+    // The order appears: the command for it is still not that payment's, and answers as before.
+    p.create_order(T, &order_no("O-X"), 1000, &cny()).await.unwrap();
+    let again = p.pay_command(T, &request("O-X", 1000, Some("H-1")), WAIT).await.unwrap();
+    assert_eq!((again.status, &again.body), (422, &unknown.body), "the same command, the same answer");
+    assert_eq!(channel.ledger().charge_calls, 1, "a command charged again");
 }
 
 async fn the_commands_token_is_ensured_revived_and_left_alone_once_used<S: TestDb + PaymentStore>(store: S) {
@@ -272,5 +297,6 @@ on_every_backend!(
     a_command_under_an_http_number_is_that_payment,
     a_mismatched_command_first_leaves_the_http_payment_the_answer,
     commands_answered_before_an_http_payment_took_their_number_keep_their_answers,
+    a_command_for_an_unknown_order_under_an_http_number_leaves_it_the_answer,
     the_commands_token_is_ensured_revived_and_left_alone_once_used,
 );

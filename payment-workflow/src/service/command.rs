@@ -32,9 +32,19 @@ impl<S: PaymentStore> Payments<S> {
         crate::error::again_if_transient(|| async { Ok(self.store().ensure_token(&unused).await?) }).await?;
         let mut response = self.pay(tenant, &token, COMMAND_ROUTE, request, wait).await?;
         if problem_code(&response).as_deref() == Some("order_not_found") {
-            // The number's own payment, past its retention, was for an order that exists: other fields.
-            if self.payment(tenant, request_no).await?.is_some_and(|record| record.token == token) {
-                return Ok(command_mismatch(request_no));
+            match self.payment(tenant, request_no).await? {
+                // The number's own payment, past its retention, was for an order that exists: other fields.
+                Some(record) if record.token == token => return Ok(command_mismatch(request_no)),
+                // The number is an HTTP payment's, for an order that exists: a command with other fields than
+                // that payment's (422), which leaves the command's token unsettled, so that a command with the
+                // payment's fields is still that payment. Unless the token keeps the answer of a command for an
+                // unknown order, settled before the payment took the number: the commands under it answer as
+                // then (a redelivery replays it). Decided on this read: a payment that takes the number after it
+                // finds the token settled below, as if this command had come first.
+                Some(record) if !self.settled_unknown_order(tenant, &token, request).await? => {
+                    return self.answer_of_payment(tenant, record, request, wait).await;
+                }
+                _ => {}
             }
             // Nothing was recorded, so over HTTP the token stays usable; a command's answer is kept instead, so
             // that a redelivery after the order appears answers the same bytes rather than paying. A payment
