@@ -163,5 +163,22 @@ mod tests {
             drop(second);
             assert_eq!(idle(&held), 0, "open: {open}");
         }
+        // A call under way when its future was dropped, with no failure: that connection is closed (it may hold
+        // a transaction open), the idle ones stay.
+        let pool = SqlitePoolOptions::new().max_connections(3).connect("sqlite::memory:").await.unwrap();
+        let held = Held::new(pool.clone(), 3);
+        let (first, mut second) = (held.get().await.unwrap(), held.get().await.unwrap());
+        drop(first);
+        second.set_open(true);
+        drop(second);
+        assert_eq!(idle(&held), 1);
+        // Closed in the background.
+        for _ in 0..100 {
+            if pool.size() == 1 {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        assert_eq!(pool.size(), 1, "the open one closed");
     }
 }
