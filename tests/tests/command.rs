@@ -150,6 +150,43 @@ async fn a_command_for_an_unknown_order_under_an_http_number_leaves_it_the_answe
     assert_eq!(channel.ledger().charge_calls, 1, "a command charged again");
 }
 
+/// An HTTP payment racing commands under its number — two deliveries of one for an unknown order, one with the
+/// payment's fields — round after round: every delivery of a command answers as its first did, later ones too,
+/// one charge a round, and the command with the payment's fields is that payment where the command for the unknown
+/// order was answered as one under the payment's number.
+async fn commands_racing_an_http_payment_under_its_number_keep_their_answers<S: TestDb + PaymentStore>(store: S) {
+    let channel = MockChannel::reliable();
+    let p = Payments::new(store.clone(), Arc::new(channel.clone()), EngineConfig::default());
+    for round in 0..20 {
+        let (order, number, unknown) = (format!("O-{round}"), format!("N-{round}"), format!("X-{round}"));
+        p.create_order(T, &order_no(&order), 1000, &cny()).await.unwrap();
+        let (u, a) = (request(&unknown, 1000, Some(&number)), request(&order, 1000, Some(&number)));
+        let token = p.issue_token(T).await.unwrap().token;
+        let (h, u1, u2, a1) = tokio::join!(
+            p.pay(T, &token, "/v1/payments", &a, WAIT),
+            p.pay_command(T, &u, WAIT),
+            p.pay_command(T, &u, WAIT),
+            p.pay_command(T, &a, WAIT),
+        );
+        let (h, u1, u2, a1) = (h.unwrap(), u1.unwrap(), u2.unwrap(), a1.unwrap());
+        let (u3, a2) = (p.pay_command(T, &u, WAIT).await.unwrap(), p.pay_command(T, &a, WAIT).await.unwrap());
+        for other in [&u2, &u3] {
+            assert_eq!((other.status, &other.body), (u1.status, &u1.body), "round {round}: one command, two answers");
+        }
+        assert_eq!((a2.status, &a2.body), (a1.status, &a1.body), "round {round}: one command, two answers");
+        assert!([404, 422].contains(&u1.status), "round {round}: {} {}", u1.status, u1.body);
+        // The number is the HTTP payment's, or the command with its fields took it first (and paid).
+        if h.status == 201 && u1.status == 422 {
+            assert_eq!((a1.status, &a1.body), (201, &h.body), "round {round}: the payment's fields, its answer");
+        } else if h.status != 201 {
+            assert_eq!((h.status, a1.status), (409, 201), "round {round}: {} {}", h.body, a1.body);
+        }
+    }
+    assert_eq!(channel.ledger().charge_calls, 20, "two charges in a round");
+    let violations = check_invariants(&store, &channel.ledger()).await.unwrap();
+    assert!(violations.is_empty(), "{violations:?}");
+}
+
 async fn the_commands_token_is_ensured_revived_and_left_alone_once_used<S: TestDb + PaymentStore>(store: S) {
     let token = command_token(T, "R-9");
     let record = |expires_at: i64| TokenRecord {
@@ -298,5 +335,6 @@ on_every_backend!(
     a_mismatched_command_first_leaves_the_http_payment_the_answer,
     commands_answered_before_an_http_payment_took_their_number_keep_their_answers,
     a_command_for_an_unknown_order_under_an_http_number_leaves_it_the_answer,
+    commands_racing_an_http_payment_under_its_number_keep_their_answers,
     the_commands_token_is_ensured_revived_and_left_alone_once_used,
 );

@@ -32,27 +32,29 @@ impl<S: PaymentStore> Payments<S> {
         crate::error::again_if_transient(|| async { Ok(self.store().ensure_token(&unused).await?) }).await?;
         let mut response = self.pay(tenant, &token, COMMAND_ROUTE, request, wait).await?;
         if problem_code(&response).as_deref() == Some("order_not_found") {
-            match self.payment(tenant, request_no).await? {
-                // The number's own payment, past its retention, was for an order that exists: other fields.
-                Some(record) if record.token == token => return Ok(command_mismatch(request_no)),
-                // The number is an HTTP payment's, for an order that exists: a command with other fields than
-                // that payment's (422), which leaves the command's token unsettled, so that a command with the
-                // payment's fields is still that payment. Unless the token keeps the answer of a command for an
-                // unknown order, settled before the payment took the number: the commands under it answer as
-                // then (a redelivery replays it). Decided on this read: a payment that takes the number after it
-                // finds the token settled below, as if this command had come first.
-                Some(record) if !self.settled_unknown_order(tenant, &token, request).await? => {
-                    return self.answer_of_payment(tenant, record, request, wait).await;
-                }
-                _ => {}
-            }
             // Nothing was recorded, so over HTTP the token stays usable; a command's answer is kept instead, so
-            // that a redelivery after the order appears answers the same bytes rather than paying. A payment
-            // that claimed the token meanwhile is the answer.
+            // that a redelivery after the order appears answers the same bytes rather than paying. Not where the
+            // number is a payment's already: the settle checks that and the token's state in one statement,
+            // which waits for any other write of the token (another delivery's settle, a payment's claim).
             let stored = StoredResponse { status: response.status, body: response.body.clone() };
             let fingerprint = request.fingerprint();
-            if !self.store().settle_unused_token(&token, &fingerprint, COMMAND_ROUTE, &stored, now).await? {
-                response = self.pay(tenant, &token, COMMAND_ROUTE, request, wait).await?;
+            if !self.store().settle_unused_token(&token, request_no, &fingerprint, COMMAND_ROUTE, &stored, now).await? {
+                // Decided on what is there now, as every later delivery decides.
+                match self.payment(tenant, request_no).await? {
+                    // The number's own payment (a command's for an order that exists, perhaps past its
+                    // retention): other fields.
+                    Some(record) if record.token == token => return Ok(command_mismatch(request_no)),
+                    // An HTTP payment's number: a command with other fields than that payment's (422), and the
+                    // command's token stays unsettled, so that a command with the payment's fields is still that
+                    // payment. Unless the token keeps the answer of a command for an unknown order, settled
+                    // before the payment took the number: the commands under it answer as then.
+                    Some(record) if !self.settled_unknown_order(tenant, &token, request).await? => {
+                        return self.answer_of_payment(tenant, record, request, wait).await;
+                    }
+                    // The token is bound: what it answers (a redelivery's stored answer, another command's
+                    // answer for an unknown order, a payment that claimed it meanwhile).
+                    _ => response = self.pay(tenant, &token, COMMAND_ROUTE, request, wait).await?,
+                }
             }
         }
         match problem_code(&response).as_deref() {

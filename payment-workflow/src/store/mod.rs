@@ -185,10 +185,12 @@ pub trait PaymentStore: Store + RefundStore + crate::events::EventStore + Channe
     /// `token.expires_at`; a used token is never touched.
     fn ensure_token(&self, token: &TokenRecord) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
     /// Completes a token that is still unused (`issued`) with a final answer given before anything was
-    /// recorded, bound to `fingerprint` and `route`; whether it did (`false`: a payment claimed it meanwhile).
+    /// recorded, bound to `fingerprint` and `route`, unless the token's tenant has a payment under `request_no`;
+    /// whether it did (`false`: a payment claimed the token or has the number).
     fn settle_unused_token(
         &self,
         token: &Token,
+        request_no: &RequestNo,
         fingerprint: &str,
         route: &str,
         response: &StoredResponse,

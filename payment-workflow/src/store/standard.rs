@@ -268,6 +268,7 @@ where
     async fn settle_unused_token(
         &self,
         token: &Token,
+        request_no: &RequestNo,
         fingerprint: &str,
         route: &str,
         response: &StoredResponse,
@@ -275,14 +276,17 @@ where
     ) -> Result<bool, sqlx::Error> {
         let q = sqlx::query(
             "UPDATE idempotency_tokens SET state = 'completed', fingerprint = $2, route = $3, \
-             response_status = $4, response_body = $5, updated_at = $6 WHERE token = $1 AND state = 'issued'",
+             response_status = $4, response_body = $5, updated_at = $6 WHERE token = $1 AND state = 'issued' \
+             AND NOT EXISTS (SELECT 1 FROM payments p WHERE p.tenant = idempotency_tokens.tenant \
+             AND p.request_no = $7)",
         )
         .bind(token.clone())
         .bind(fingerprint.to_owned())
         .bind(route.to_owned())
         .bind(i32::from(response.status))
         .bind(response.body.clone())
-        .bind(now);
+        .bind(now)
+        .bind(request_no.as_str().to_owned());
         let mut w = self.writer().await.map_err(engine_error)?;
         let done = q.execute(&mut *w).await;
         Ok(S::rows_affected(&w.check(done)?) == 1)

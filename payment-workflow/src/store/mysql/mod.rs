@@ -191,6 +191,7 @@ impl PaymentStore for MySqlStore {
     async fn settle_unused_token(
         &self,
         token: &Token,
+        request_no: &RequestNo,
         fingerprint: &str,
         route: &str,
         response: &StoredResponse,
@@ -198,7 +199,9 @@ impl PaymentStore for MySqlStore {
     ) -> Result<bool, sqlx::Error> {
         let done = sqlx::query(
             "UPDATE idempotency_tokens SET state = 'completed', fingerprint = ?, route = ?, response_status = ?, \
-             response_body = ?, updated_at = ? WHERE token = ? AND state = 'issued'",
+             response_body = ?, updated_at = ? WHERE token = ? AND state = 'issued' \
+             AND NOT EXISTS (SELECT 1 FROM payments p WHERE p.tenant = idempotency_tokens.tenant \
+             AND p.request_no = ?)",
         )
         .bind(fingerprint)
         .bind(route)
@@ -206,6 +209,7 @@ impl PaymentStore for MySqlStore {
         .bind(&response.body)
         .bind(now)
         .bind(token)
+        .bind(request_no)
         .execute(self.write_pool())
         .await?;
         Ok(done.rows_affected() == 1)
