@@ -27,6 +27,16 @@ impl Server {
         &self.base
     }
 
+    /// The CPU time the server has used so far (user and system, all threads), from `/proc/<pid>/stat`, whose
+    /// fields 14 and 15 count clock ticks of `USER_HZ`, 100 a second on Linux.
+    fn cpu(&self) -> Option<Duration> {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).ok()?;
+        // The fields after the command name, which is in parentheses and may hold spaces.
+        let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+        let ticks = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+        Some(Duration::from_millis(ticks * 10))
+    }
+
     fn peak_rss_kib(&self) -> Option<u64> {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).ok()?;
         status.lines().find_map(|l| l.strip_prefix("VmHWM:")).and_then(|v| v.split_whitespace().next()?.parse().ok())
@@ -84,6 +94,7 @@ pub(crate) async fn serve_seeded(
 pub(crate) async fn run(name: &'static str, server: &Server, o: &Options) -> anyhow::Result<Run> {
     let client = reqwest::Client::builder().pool_max_idle_per_host(usize::try_from(o.concurrency)?).build()?;
     let base = server.base.clone();
+    let cpu_before = server.cpu();
     let mut run = drive(name, o, move |n| {
         let (client, base) = (client.clone(), base.clone());
         async move {
@@ -99,6 +110,11 @@ pub(crate) async fn run(name: &'static str, server: &Server, o: &Options) -> any
     })
     .await?;
     run.rss_kib = server.peak_rss_kib();
+    // The server's own work per payment, whatever the client and the database took.
+    if let (Some(before), Some(after)) = (cpu_before, server.cpu()) {
+        let us = after.saturating_sub(before).as_secs_f64() * 1e6 / run.done.max(1) as f64;
+        println!("  {name}: serve used {us:.0} µs of CPU per payment");
+    }
     Ok(run)
 }
 
