@@ -302,6 +302,5 @@ fn heard(rx: &mut watch::Receiver<Heard>, expect: Option<&str>) -> Option<Outcom
 
 /// SHA-256 of a workflow's input JSON, hex.
 pub(crate) fn input_hash(input: &str) -> String {
-    let digest = Sha256::digest(input.as_bytes());
-    digest.iter().map(|b| format!("{b:02x}")).collect()
+    hex::encode(Sha256::digest(input.as_bytes()))
 }

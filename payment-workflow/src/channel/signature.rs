@@ -22,7 +22,7 @@ fn mac(secret: &[u8], t: i64, body: &[u8]) -> HmacSha256 {
 
 /// `hex(HMAC-SHA256(secret, "t.body"))`.
 pub fn sign(secret: &str, t: i64, body: &[u8]) -> String {
-    mac(secret.as_bytes(), t, body).finalize().into_bytes().iter().map(|b| format!("{b:02x}")).collect()
+    hex::encode(mac(secret.as_bytes(), t, body).finalize().into_bytes())
 }
 
 /// The header value signing `body` at `t` with each of `secrets` (one `v1=` each).

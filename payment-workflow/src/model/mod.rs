@@ -205,5 +205,5 @@ impl PaymentRecord {
 }
 
 pub(crate) fn hex_sha256(bytes: &[u8]) -> String {
-    Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
+    hex::encode(Sha256::digest(bytes))
 }
