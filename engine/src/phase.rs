@@ -2,6 +2,8 @@
 //! bookkeeping in one call — on Postgres one statement (one round trip, no `BEGIN`/`COMMIT`), on SQLite one
 //! multi-statement call to the writer's thread — instead of a transaction of several.
 
+use std::sync::{Arc, LazyLock};
+
 use crate::error::Failure;
 use crate::step::StepSpec;
 use crate::store::{StepKind, StepStatus};
@@ -15,31 +17,34 @@ pub enum SqlArg {
     Int(i64),
 }
 
-/// One step a statement phase records.
+/// One step a statement phase records. Its SQL is shared text: a caller that builds the same phase for every
+/// workflow builds the text once and clones it (a reference count) per phase.
 #[derive(Debug, Clone)]
 pub struct PhaseStep {
     pub(crate) spec: StepSpec,
-    pub(crate) output: String,
-    pub(crate) when: Option<String>,
+    pub(crate) output: Arc<str>,
+    pub(crate) when: Option<Arc<str>>,
     pub(crate) intent: bool,
 }
 
 impl PhaseStep {
     /// Records `spec` with the step output given by the SQL expression `output` (JSON text, as serde writes the
     /// step's output type).
-    pub fn new(spec: impl Into<StepSpec>, output: impl Into<String>) -> Self {
+    pub fn new(spec: impl Into<StepSpec>, output: impl Into<Arc<str>>) -> Self {
         Self { spec: spec.into(), output: output.into(), when: None, intent: false }
     }
 
     /// Commits the intent of the external step `spec` that the body runs next (its first attempt's row, and
     /// its compensation), sparing that step a commit of its own. The phase returns no output for it.
     pub fn intent(spec: impl Into<StepSpec>) -> Self {
-        Self { spec: spec.into(), output: "NULL".to_owned(), when: None, intent: true }
+        // One text for every intent, so that phases with intents share their text (see `StatementPhase`).
+        static NULL: LazyLock<Arc<str>> = LazyLock::new(|| Arc::from("NULL"));
+        Self { spec: spec.into(), output: NULL.clone(), when: None, intent: true }
     }
 
     /// Records the step only when the SQL boolean expression `condition` holds (as a step the body would not
     /// have reached); otherwise its output comes back as `None` and no row is written.
-    pub fn when(mut self, condition: impl Into<String>) -> Self {
+    pub fn when(mut self, condition: impl Into<Arc<str>>) -> Self {
         self.when = Some(condition.into());
         self
     }
@@ -49,25 +54,25 @@ impl PhaseStep {
 /// module, since the SQL is the backend's dialect: on Postgres data-modifying common table expressions of one
 /// statement; on SQLite statements run in order inside the commit's transaction, which record what they did in
 /// [`crate::SQLITE_PHASE_FLAGS`] for the expressions after them. Run by
-/// [`crate::WorkflowContext::statement_phase`].
+/// [`crate::WorkflowContext::statement_phase`]. Its SQL is shared text (see [`PhaseStep`]).
 #[derive(Debug, Clone)]
 pub struct StatementPhase {
-    pub(crate) ctes: Vec<String>,
+    pub(crate) ctes: Arc<[String]>,
     pub(crate) args: Vec<SqlArg>,
     pub(crate) steps: Vec<PhaseStep>,
-    pub(crate) guard: Option<(String, Failure)>,
+    pub(crate) guard: Option<(Arc<str>, Failure)>,
 }
 
 impl StatementPhase {
     /// A phase of `ctes` (Postgres: each `name AS (…)`, run as one statement; SQLite: statements; parameters
     /// `$1…` over `args`) recording `steps` in order.
-    pub fn new(ctes: Vec<String>, args: Vec<SqlArg>, steps: Vec<PhaseStep>) -> Self {
-        Self { ctes, args, steps, guard: None }
+    pub fn new(ctes: impl Into<Arc<[String]>>, args: Vec<SqlArg>, steps: Vec<PhaseStep>) -> Self {
+        Self { ctes: ctes.into(), args, steps, guard: None }
     }
 
     /// Unless the SQL boolean expression `condition` holds, the whole statement rolls back (nothing of the
     /// phase is written) and its first step fails terminally with `failure`.
-    pub fn guard(mut self, condition: impl Into<String>, failure: Failure) -> Self {
+    pub fn guard(mut self, condition: impl Into<Arc<str>>, failure: Failure) -> Self {
         self.guard = Some((condition.into(), failure));
         self
     }

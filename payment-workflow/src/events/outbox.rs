@@ -24,15 +24,14 @@ use super::model::NewEvent;
 /// the parts after it (and the phase's guard or step outputs) whether it wrote: false both when `condition` did
 /// not hold and when the outcome's event exists. (The dialect stays with the store: the events sit below it.)
 pub fn phase_insert(event: &NewEvent, condition: &str, args: &mut Vec<SqlArg>) -> String {
-    let first = args.len() + 1;
-    args.extend([
-        SqlArg::Text(event.id()),
-        SqlArg::Text(event.tenant.clone()),
-        SqlArg::Text(event.kind.as_str().to_owned()),
-        SqlArg::Text(event.data.clone()),
-        SqlArg::Int(event.created_at),
-        SqlArg::Text(event.traceparent.clone().unwrap_or_default()),
-    ]);
+    let sql = phase_insert_sql(args.len() + 1, condition);
+    phase_insert_args(event, args);
+    sql
+}
+
+/// [`phase_insert`]'s SQL alone, its parameters from `$first`: the same for every event, so a phase built for
+/// every payment builds it once and appends each event's values with [`phase_insert_args`].
+pub fn phase_insert_sql(first: usize, condition: &str) -> String {
     let p = |i: usize| format!("${}", first + i);
     format!(
         "INSERT INTO events (id, tenant, type, data, created_at, traceparent) \
@@ -44,4 +43,16 @@ pub fn phase_insert(event: &NewEvent, condition: &str, args: &mut Vec<SqlArg>) -
         p(4),
         p(5)
     )
+}
+
+/// [`phase_insert`]'s values of `event`, appended to `args` in the order of [`phase_insert_sql`]'s parameters.
+pub fn phase_insert_args(event: &NewEvent, args: &mut Vec<SqlArg>) {
+    args.extend([
+        SqlArg::Text(event.id()),
+        SqlArg::Text(event.tenant.clone()),
+        SqlArg::Text(event.kind.as_str().to_owned()),
+        SqlArg::Text(event.data.clone()),
+        SqlArg::Int(event.created_at),
+        SqlArg::Text(event.traceparent.clone().unwrap_or_default()),
+    ]);
 }

@@ -5,6 +5,8 @@
 //! workflow's step rows read the same on every backend. The second phase writes the payment's event too (the
 //! outbox: `events/outbox.rs`).
 
+use std::sync::{Arc, OnceLock};
+
 use onceflow_engine::phase::{PhaseStep, SqlArg, StatementPhase};
 use onceflow_engine::store::SQLITE_PHASE_FLAGS;
 use onceflow_engine::{Failure, Interrupt, Store, WorkflowContext};
@@ -84,11 +86,67 @@ impl PhaseDialect {
     }
 }
 
+/// A step row's output expression (none for an intent) and the condition it is written under.
+type StepSql = (Option<Arc<str>>, Option<Arc<str>>);
+
+/// A phase's SQL in one dialect, the same for every payment: built once per dialect, shared by each payment's
+/// phase (see [`PhaseStep`]), whose values are its arguments.
+struct PhaseSql {
+    parts: Arc<[String]>,
+    /// Each step row's output expression (none for an intent) and condition, in the phase's order.
+    outputs: Vec<StepSql>,
+    guard: Arc<str>,
+}
+
+impl PhaseSql {
+    /// The phase `build` makes in dialect `d`, built on first use and kept in `cells` (one per dialect).
+    fn of(d: PhaseDialect, cells: &'static [OnceLock<Self>; 2], build: fn(PhaseDialect) -> Self) -> &'static Self {
+        let cell = match d {
+            PhaseDialect::Postgres => &cells[0],
+            PhaseDialect::Sqlite => &cells[1],
+        };
+        cell.get_or_init(|| build(d))
+    }
+
+    /// The step of `spec` at `index` (a transactional step with its output, or an intent), with its condition.
+    fn step(&self, index: usize, spec: impl Into<onceflow_engine::StepSpec>) -> PhaseStep {
+        let (output, when) = &self.outputs[index];
+        let step = match output {
+            Some(output) => PhaseStep::new(spec, output.clone()),
+            None => PhaseStep::intent(spec),
+        };
+        match when {
+            Some(condition) => step.when(condition.clone()),
+            None => step,
+        }
+    }
+}
+
 /// `claim_token`, `insert_record` (only once the token is claimed), `reserve_status` (only once the record
 /// is inserted) and, once the order is reserved, the intent of the channel call `charge`. Unless the token is
 /// claimed and the order exists nothing is written and `claim_token` fails with `not_claimed`.
 fn reserve(d: PhaseDialect, i: &PaymentInput, now: i64, steps: ReserveSteps, not_claimed: Failure) -> StatementPhase {
+    static SQL: [OnceLock<PhaseSql>; 2] = [OnceLock::new(), OnceLock::new()];
+    let sql = PhaseSql::of(d, &SQL, reserve_sql);
     let ReserveSteps { claim, insert, reserve, charge } = steps;
+    let args = vec![
+        SqlArg::Text(i.token.as_str().to_owned()),
+        SqlArg::Text(i.tenant.clone()),
+        SqlArg::Text(i.fingerprint.clone()),
+        SqlArg::Text(i.route.clone()),
+        SqlArg::Int(now),
+        SqlArg::Text(i.request_no.as_str().to_owned()),
+        SqlArg::Text(i.order_no.as_str().to_owned()),
+        SqlArg::Int(i.amount),
+        SqlArg::Text(i.currency.as_str().to_owned()),
+    ];
+    let steps = vec![sql.step(0, claim), sql.step(1, insert), sql.step(2, reserve), sql.step(3, charge)];
+    StatementPhase::new(sql.parts.clone(), args, steps).guard(sql.guard.clone(), not_claimed)
+}
+
+/// [`reserve`]'s SQL in dialect `d`: parameters `$1…$9` are the token, tenant, fingerprint, route, now,
+/// `request_no`, `order_no`, amount and currency; the fourth step is the intent.
+fn reserve_sql(d: PhaseDialect) -> PhaseSql {
     let (claimed, inserted, reserved) = (d.wrote("p_token"), d.wrote("p_record"), d.wrote("p_order"));
     let mut parts = d.write(
         "p_token",
@@ -112,17 +170,6 @@ fn reserve(d: PhaseDialect, i: &PaymentInput, now: i64, steps: ReserveSteps, not
              AND {inserted}"
         ),
     ));
-    let args = vec![
-        SqlArg::Text(i.token.as_str().to_owned()),
-        SqlArg::Text(i.tenant.clone()),
-        SqlArg::Text(i.fingerprint.clone()),
-        SqlArg::Text(i.route.clone()),
-        SqlArg::Int(now),
-        SqlArg::Text(i.request_no.as_str().to_owned()),
-        SqlArg::Text(i.order_no.as_str().to_owned()),
-        SqlArg::Int(i.amount),
-        SqlArg::Text(i.currency.as_str().to_owned()),
-    ];
     // Amount and currency are never updated, so reading the order here (before the phase's writes on Postgres,
     // after them on SQLite) finds the same.
     let found = "EXISTS (SELECT 1 FROM orders WHERE tenant = $2 AND order_no = $7)";
@@ -132,16 +179,16 @@ fn reserve(d: PhaseDialect, i: &PaymentInput, now: i64, steps: ReserveSteps, not
          WHEN EXISTS (SELECT 1 FROM orders WHERE tenant = $2 AND order_no = $7 AND (amount <> $8 OR currency <> $9)) \
          THEN '\"Mismatch\"' ELSE '\"NotPayable\"' END"
     );
-    let steps = vec![
-        PhaseStep::new(claim, format!("CASE WHEN {claimed} THEN 'true' ELSE 'false' END")),
-        PhaseStep::new(insert, format!("CASE WHEN {inserted} THEN 'true' ELSE 'false' END")),
-        PhaseStep::new(reserve, reservation).when(inserted),
-        PhaseStep::intent(charge).when(reserved.clone()),
+    let outputs = vec![
+        (Some(Arc::from(format!("CASE WHEN {claimed} THEN 'true' ELSE 'false' END"))), None),
+        (Some(Arc::from(format!("CASE WHEN {inserted} THEN 'true' ELSE 'false' END"))), None),
+        (Some(Arc::from(reservation)), Some(Arc::from(inserted.as_str()))),
+        (None, Some(Arc::from(reserved.as_str()))),
     ];
     // An unknown order is not stored either: the token stays unbound (a start that is the workflow's first
     // commit is refused). A reserved order exists: the lookup is left for the payments that did not reserve.
     let guard = format!("{claimed} AND ({reserved} OR {found})");
-    StatementPhase::new(parts, args, steps).guard(guard, not_claimed)
+    PhaseSql { parts: parts.into(), outputs, guard: guard.into() }
 }
 
 /// `confirm`: order `paying → paid`, the record `succeeded` with `charge_id`, the token `completed` with the
@@ -157,6 +204,31 @@ fn confirm(
     response: &StoredResponse,
     not_paying: Failure,
 ) -> StatementPhase {
+    static SQL: [OnceLock<PhaseSql>; 2] = [OnceLock::new(), OnceLock::new()];
+    let sql = PhaseSql::of(d, &SQL, confirm_sql);
+    let mut args = vec![
+        SqlArg::Text(i.tenant.clone()),
+        SqlArg::Text(i.order_no.as_str().to_owned()),
+        SqlArg::Text(i.request_no.as_str().to_owned()),
+        SqlArg::Text(charge_id.to_owned()),
+        SqlArg::Int(now),
+        SqlArg::Text(i.token.as_str().to_owned()),
+        SqlArg::Text(response.body.clone()),
+        SqlArg::Int(i64::from(response.status)),
+        SqlArg::Text(serde_json::to_string(response).unwrap_or_default()),
+    ];
+    // The outbox: the payment's `payment.succeeded`, its values after the phase's own (`confirm_sql`).
+    let end = PaymentEnd::Succeeded { charge_id: charge_id.to_owned(), refunded: 0 };
+    outbox::phase_insert_args(&i.event(&end, now), &mut args);
+    StatementPhase::new(sql.parts.clone(), args, vec![sql.step(0, spec)]).guard(sql.guard.clone(), not_paying)
+}
+
+/// Number of [`confirm`]'s own arguments, before the event's.
+const CONFIRM_ARGS: usize = 9;
+
+/// [`confirm`]'s SQL in dialect `d`: parameters `$1…$9` are the tenant, `order_no`, `request_no`, charge id,
+/// now, token, the response's body and status and the stored response (the step's output), then the event's.
+fn confirm_sql(d: PhaseDialect) -> PhaseSql {
     let paying = d.wrote("p_order");
     let mut parts = d.write(
         "p_order",
@@ -177,22 +249,9 @@ fn confirm(
              updated_at = $5 WHERE token = $6 AND state = 'in_use' AND {paying}"
         ),
     ));
-    let mut args = vec![
-        SqlArg::Text(i.tenant.clone()),
-        SqlArg::Text(i.order_no.as_str().to_owned()),
-        SqlArg::Text(i.request_no.as_str().to_owned()),
-        SqlArg::Text(charge_id.to_owned()),
-        SqlArg::Int(now),
-        SqlArg::Text(i.token.as_str().to_owned()),
-        SqlArg::Text(response.body.clone()),
-        SqlArg::Int(i64::from(response.status)),
-        SqlArg::Text(serde_json::to_string(response).unwrap_or_default()),
-    ];
     let paid = format!("{paying} AND {} AND {}", d.wrote("p_record"), d.wrote("p_token"));
     // The outbox: the payment's `payment.succeeded`, written only with the outcome (and once: its id is the
     // payment's). Not part of the guard: an event already there is no reason to refuse the outcome.
-    let end = PaymentEnd::Succeeded { charge_id: charge_id.to_owned(), refunded: 0 };
-    let event = outbox::phase_insert(&i.event(&end, now), &paid, &mut args);
-    parts.extend(d.write("p_event", &event));
-    StatementPhase::new(parts, args, vec![PhaseStep::new(spec, "$9")]).guard(paid, not_paying)
+    parts.extend(d.write("p_event", &outbox::phase_insert_sql(CONFIRM_ARGS + 1, &paid)));
+    PhaseSql { parts: parts.into(), outputs: vec![(Some(Arc::from("$9")), None)], guard: paid.into() }
 }

@@ -1,10 +1,12 @@
 //! A Postgres commit as one statement: the phase's CTEs, the bookkeeping's (workflow insert, step rows, fence)
 //! and a final `SELECT`, so that a commit costs one round trip and no `BEGIN` or `COMMIT`.
 
+use std::sync::Arc;
+
 use sqlx::Row;
 
 use super::rows::{self, PgQuery};
-use super::{NOTIFY_CHANNEL, PgStore, group};
+use super::{NOTIFY_CHANNEL, PgStore, group, shapes};
 use crate::error::Result;
 use crate::phase::{PhaseCommit, PhaseRow, SqlArg};
 use crate::store::{Checkpoint, Committed, Conn, WorkflowWrite, common, compensations};
@@ -126,19 +128,14 @@ fn bind_statement<'q>(
     Ok(q)
 }
 
-/// [`Store::commit_in_one_call`] on Postgres: one statement in autocommit, the phase's CTEs, the bookkeeping's
-/// CTEs, the phase's step rows, and a final `SELECT` whose `onceflow_check` calls raise (rolling everything
-/// back) when the guard, the fence or the insert did not hold.
-pub(super) async fn commit_in_one_call(
-    store: &PgStore,
-    checkpoint: &Checkpoint<'_>,
-    phase: Option<PhaseCommit<'_>>,
-    finished: bool,
-) -> Result<Option<Committed>> {
+/// The one-statement commit's SQL (see [`commit_in_one_call`]): the phase's CTEs, the bookkeeping's CTEs, the
+/// phase's step rows, and a final `SELECT` of the checks, then the notification's count (`notify`), then the
+/// phase's outputs. It depends on the phase's text and the checkpoint's form only (see `shapes.rs`).
+fn statement_sql(checkpoint: &Checkpoint<'_>, phase: Option<PhaseCommit<'_>>, notify: bool) -> String {
     let args = phase.map_or(0, |p| p.phase.args.len());
     let (parts, mut next) = checkpoint_parts(checkpoint, args + 1);
-    let mut ctes: Vec<String> = phase.map(|p| p.phase.ctes.clone()).unwrap_or_default();
-    ctes.extend(parts.iter().enumerate().map(|(i, part)| format!("w{i} AS ({part})")));
+    // The phase's CTEs are shared text, the bookkeeping's are this commit's.
+    let mut ctes: Vec<String> = parts.iter().enumerate().map(|(i, part)| format!("w{i} AS ({part})")).collect();
     // The bookkeeping's own check: the fence (the last part) matched, or else the insert (the first) happened.
     let (held, code) = match checkpoint.workflow {
         WorkflowWrite::Insert(_) => ("EXISTS (SELECT 1 FROM w0)".to_owned(), common::CHECK_INSERT),
@@ -169,7 +166,6 @@ pub(super) async fn commit_in_one_call(
             })
             .collect();
     }
-    let notify = finished && !checkpoint.is_first();
     if notify {
         ctes.push(format!(
             "n AS (SELECT pg_notify(${next}::text, ${workflow}::text) FROM w{} WHERE notify)",
@@ -178,10 +174,12 @@ pub(super) async fn commit_in_one_call(
     }
     // The bookkeeping's check first: a phase of a workflow that exists already (or is no longer ours) is a
     // duplicate start (or a lost lease), whatever its guard says.
-    let guard = phase.and_then(|p| p.phase.guard.as_ref()).map_or("TRUE", |(g, _)| g.as_str());
+    let guard = phase.and_then(|p| p.phase.guard.as_ref()).map_or("TRUE", |(g, _)| &**g);
+    let shared = phase.map_or(&[][..], |p| &p.phase.ctes[..]);
+    let all: Vec<&str> = shared.iter().chain(&ctes).map(String::as_str).collect();
     let mut sql = format!(
         "WITH {} SELECT onceflow_check({held}, '{code}'), onceflow_check({guard}, '{}')",
-        ctes.join(", "),
+        all.join(", "),
         common::CHECK_GUARD
     );
     if notify {
@@ -190,6 +188,25 @@ pub(super) async fn commit_in_one_call(
     if !outputs.is_empty() {
         sql.push_str(&format!(", o.* FROM (SELECT {} FROM ws) o", outputs.join(", ")));
     }
+    sql
+}
+
+/// [`Store::commit_in_one_call`] on Postgres: one statement in autocommit ([`statement_sql`], built once per
+/// shape), whose `onceflow_check` calls raise (rolling everything back) when the guard, the fence or the insert
+/// did not hold.
+pub(super) async fn commit_in_one_call(
+    store: &PgStore,
+    checkpoint: &Checkpoint<'_>,
+    phase: Option<PhaseCommit<'_>>,
+    finished: bool,
+) -> Result<Option<Committed>> {
+    let notify = finished && !checkpoint.is_first();
+    let build = || statement_sql(checkpoint, phase, notify);
+    let sql = match shapes::Shape::of(checkpoint, phase, notify) {
+        Some(shape) => shapes::statement(shape, phase.map(|p| p.phase), build),
+        None => Arc::from(build()),
+    };
+    let rows = phase.map_or(&[][..], |p| p.rows);
     let mut q = bind_statement(sqlx::query(sqlx::AssertSqlSafe(sql)), checkpoint, phase)?;
     if notify {
         q = q.bind(NOTIFY_CHANNEL);
