@@ -9,8 +9,8 @@ use std::time::Duration;
 use onceflow_engine::EngineConfig;
 use onceflow_engine::clock::{Clock, ManualClock};
 use onceflow_payments::{
-    MockChannel, MockChannelConfig, OrderStatus, PayResponse, PaymentRequest, PaymentStore, Payments, Retention, Token,
-    TokenRecord, TokenState, check_invariants,
+    COMMAND_ROUTE, MockChannel, MockChannelConfig, OrderStatus, PayResponse, PaymentRequest, PaymentStore, Payments,
+    Retention, StoredResponse, Token, TokenRecord, TokenState, check_invariants,
 };
 use onceflow_tests::ids::{cny, order_no, pay_request, request_no};
 use onceflow_tests::{TestDb, on_every_backend};
@@ -178,13 +178,48 @@ async fn commands_racing_an_http_payment_under_its_number_keep_their_answers<S: 
         // The number is the HTTP payment's, or the command with its fields took it first (and paid).
         if h.status == 201 && u1.status == 422 {
             assert_eq!((a1.status, &a1.body), (201, &h.body), "round {round}: the payment's fields, its answer");
-        } else if h.status != 201 {
+        } else if h.status == 201 {
+            // The command for the unknown order was answered before the payment took the number.
+            assert_eq!((a1.status, code(&a1.body)), (422, "idempotency_key_mismatch".into()), "round {round}");
+        } else {
             assert_eq!((h.status, a1.status), (409, 201), "round {round}: {} {}", h.body, a1.body);
         }
     }
     assert_eq!(channel.ledger().charge_calls, 20, "two charges in a round");
     let violations = check_invariants(&store, &channel.ledger()).await.unwrap();
     assert!(violations.is_empty(), "{violations:?}");
+}
+
+/// A command's unused token marked as under a number another payment has is never settled afterwards — not even
+/// by a settle that reads no such payment (as one on a snapshot from before that payment's commit would) — and a
+/// payment may still claim it.
+async fn a_token_marked_under_a_taken_number_is_never_settled<S: TestDb + PaymentStore>(store: S) {
+    let channel = MockChannel::reliable();
+    let p = Payments::new(store.clone(), Arc::new(channel.clone()), EngineConfig::default());
+    let token = command_token(T, "R-1");
+    let unused = TokenRecord {
+        token: token.clone(),
+        tenant: T.into(),
+        state: TokenState::Issued,
+        fingerprint: None,
+        route: None,
+        response_status: None,
+        response_body: None,
+        created_at: 1_000,
+        expires_at: i64::MAX,
+        updated_at: 1_000,
+    };
+    store.ensure_token(&unused).await.unwrap();
+    assert!(store.mark_number_taken(&token).await.unwrap());
+    let answer = StoredResponse { status: 404, body: "{}".into() };
+    let settled = store.settle_unused_token(&token, &request_no("R-1"), "f", COMMAND_ROUTE, &answer, 2_000).await;
+    assert!(!settled.unwrap(), "settled a marked token");
+    let read = store.token_and_order(&token, T, &order_no("O-1")).await.unwrap().unwrap().0;
+    assert_eq!(read.state, TokenState::Issued);
+    p.create_order(T, &order_no("O-1"), 1000, &cny()).await.unwrap();
+    let paid = p.pay_command(T, &request("O-1", 1000, Some("R-1")), WAIT).await.unwrap();
+    assert_eq!(paid.status, 201, "{}", paid.body);
+    assert!(!store.mark_number_taken(&token).await.unwrap(), "a used token is not marked");
 }
 
 async fn the_commands_token_is_ensured_revived_and_left_alone_once_used<S: TestDb + PaymentStore>(store: S) {
@@ -336,5 +371,6 @@ on_every_backend!(
     commands_answered_before_an_http_payment_took_their_number_keep_their_answers,
     a_command_for_an_unknown_order_under_an_http_number_leaves_it_the_answer,
     commands_racing_an_http_payment_under_its_number_keep_their_answers,
+    a_token_marked_under_a_taken_number_is_never_settled,
     the_commands_token_is_ensured_revived_and_left_alone_once_used,
 );

@@ -46,14 +46,20 @@ impl<S: PaymentStore> Payments<S> {
                     Some(record) if record.token == token => return Ok(command_mismatch(request_no)),
                     // An HTTP payment's number: a command with other fields than that payment's (422), and the
                     // command's token stays unsettled, so that a command with the payment's fields is still that
-                    // payment. Unless the token keeps the answer of a command for an unknown order, settled
-                    // before the payment took the number: the commands under it answer as then.
-                    Some(record) if !self.settled_unknown_order(tenant, &token, request).await? => {
-                        return self.answer_of_payment(tenant, record, request, wait).await;
+                    // payment. Marked first, so that a settle decided before that payment committed (another
+                    // delivery's, on an older snapshot) cannot land after this answer: it fails, or this waits for
+                    // it. Unless the token keeps the answer of a command for an unknown order, settled before the
+                    // payment took the number: the commands under it answer as then.
+                    Some(record) => {
+                        self.store().mark_number_taken(&token).await?;
+                        if !self.settled_unknown_order(tenant, &token, request).await? {
+                            return self.answer_of_payment(tenant, record, request, wait).await;
+                        }
+                        response = self.pay(tenant, &token, COMMAND_ROUTE, request, wait).await?;
                     }
                     // The token is bound: what it answers (a redelivery's stored answer, another command's
                     // answer for an unknown order, a payment that claimed it meanwhile).
-                    _ => response = self.pay(tenant, &token, COMMAND_ROUTE, request, wait).await?,
+                    None => response = self.pay(tenant, &token, COMMAND_ROUTE, request, wait).await?,
                 }
             }
         }

@@ -97,6 +97,10 @@ fn engine_error(e: onceflow_engine::Error) -> sqlx::Error {
     }
 }
 
+/// The fingerprint of a queued command's unused token whose number another payment has (see
+/// [`PaymentStore::mark_number_taken`]): no request's fingerprint (those are SHA-256 in hex).
+pub const NUMBER_TAKEN: &str = "number_taken";
+
 /// A [`Store`] that also keeps orders, tokens and payment records (and, as a [`RefundStore`], refunds; as an
 /// [`crate::EventStore`], the merchant events their outcomes write; as a [`ChannelWordStore`], the channel's
 /// notifications and statements).
@@ -185,8 +189,9 @@ pub trait PaymentStore: Store + RefundStore + crate::events::EventStore + Channe
     /// `token.expires_at`; a used token is never touched.
     fn ensure_token(&self, token: &TokenRecord) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
     /// Completes a token that is still unused (`issued`) with a final answer given before anything was
-    /// recorded, bound to `fingerprint` and `route`, unless the token's tenant has a payment under `request_no`;
-    /// whether it did (`false`: a payment claimed the token or has the number).
+    /// recorded, bound to `fingerprint` and `route`, unless the token's tenant has a payment under `request_no`
+    /// or the token was marked by [`PaymentStore::mark_number_taken`]; whether it did (`false`: a payment claimed
+    /// the token or has the number).
     fn settle_unused_token(
         &self,
         token: &Token,
@@ -196,6 +201,11 @@ pub trait PaymentStore: Store + RefundStore + crate::events::EventStore + Channe
         response: &StoredResponse,
         now: i64,
     ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
+    /// Marks a queued command's token that is still unused (`issued`) as one whose number another payment has
+    /// (fingerprint [`NUMBER_TAKEN`]): a settle of it decided on an older reading of the payments (a statement
+    /// snapshot from before that payment's commit) then fails, and this waits for one under way. Whether it was
+    /// still unused. A payment may still claim the token.
+    fn mark_number_taken(&self, token: &Token) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
     /// One token, and whether the tenant has the order: the two checks of a refused payment, in one round trip.
     fn token_and_order(
         &self,

@@ -8,7 +8,10 @@ use onceflow_engine::{Conn, Failure, Interrupt, StepSpec, Store, WorkflowContext
 use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, Type};
 
 use super::statement::{self, PhaseDialect};
-use super::{PassLock, PaymentCursor, PaymentStore, Reserve, ReserveSteps, Sql, TokenCheck, TokenKind, engine_error};
+use super::{
+    NUMBER_TAKEN, PassLock, PaymentCursor, PaymentStore, Reserve, ReserveSteps, Sql, TokenCheck, TokenKind,
+    engine_error,
+};
 use crate::model::PaymentInput;
 use crate::model::{
     Currency, Order, OrderNo, OrderStatus, PaymentRecord, PaymentStatus, RequestNo, StoredResponse, Token, TokenRecord,
@@ -277,8 +280,8 @@ where
         let q = sqlx::query(
             "UPDATE idempotency_tokens SET state = 'completed', fingerprint = $2, route = $3, \
              response_status = $4, response_body = $5, updated_at = $6 WHERE token = $1 AND state = 'issued' \
-             AND NOT EXISTS (SELECT 1 FROM payments p WHERE p.tenant = idempotency_tokens.tenant \
-             AND p.request_no = $7)",
+             AND fingerprint IS NULL \
+             AND NOT EXISTS (SELECT 1 FROM payments p WHERE p.tenant = idempotency_tokens.tenant AND p.request_no = $7)",
         )
         .bind(token.clone())
         .bind(fingerprint.to_owned())
@@ -287,6 +290,15 @@ where
         .bind(response.body.clone())
         .bind(now)
         .bind(request_no.as_str().to_owned());
+        let mut w = self.writer().await.map_err(engine_error)?;
+        let done = q.execute(&mut *w).await;
+        Ok(S::rows_affected(&w.check(done)?) == 1)
+    }
+
+    async fn mark_number_taken(&self, token: &Token) -> Result<bool, sqlx::Error> {
+        let q = sqlx::query("UPDATE idempotency_tokens SET fingerprint = $2 WHERE token = $1 AND state = 'issued'")
+            .bind(token.clone())
+            .bind(NUMBER_TAKEN.to_owned());
         let mut w = self.writer().await.map_err(engine_error)?;
         let done = q.execute(&mut *w).await;
         Ok(S::rows_affected(&w.check(done)?) == 1)

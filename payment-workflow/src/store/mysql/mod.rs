@@ -200,7 +200,7 @@ impl PaymentStore for MySqlStore {
         let done = sqlx::query(
             "UPDATE idempotency_tokens SET state = 'completed', fingerprint = ?, route = ?, response_status = ?, \
              response_body = ?, updated_at = ? WHERE token = ? AND state = 'issued' \
-             AND NOT EXISTS (SELECT 1 FROM payments p WHERE p.tenant = idempotency_tokens.tenant \
+             AND fingerprint IS NULL AND NOT EXISTS (SELECT 1 FROM payments p WHERE p.tenant = idempotency_tokens.tenant \
              AND p.request_no = ?)",
         )
         .bind(fingerprint)
@@ -212,6 +212,15 @@ impl PaymentStore for MySqlStore {
         .bind(request_no)
         .execute(self.write_pool())
         .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn mark_number_taken(&self, token: &Token) -> Result<bool, sqlx::Error> {
+        let done = sqlx::query("UPDATE idempotency_tokens SET fingerprint = ? WHERE token = ? AND state = 'issued'")
+            .bind(super::NUMBER_TAKEN)
+            .bind(token)
+            .execute(self.write_pool())
+            .await?;
         Ok(done.rows_affected() == 1)
     }
 
