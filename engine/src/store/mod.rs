@@ -21,6 +21,7 @@ mod mysql;
 mod page;
 mod postgres;
 mod records;
+mod shapes;
 mod sqlite;
 mod status;
 mod stored_as_text;

@@ -1,14 +1,15 @@
 //! A Postgres commit as one statement: the phase's CTEs, the bookkeeping's (workflow insert, step rows, fence)
 //! and a final `SELECT`, so that a commit costs one round trip and no `BEGIN` or `COMMIT`.
 
-use std::sync::Arc;
+use std::sync::LazyLock;
 
 use sqlx::Row;
 
 use super::rows::{self, PgQuery};
-use super::{NOTIFY_CHANNEL, PgStore, group, shapes};
+use super::{NOTIFY_CHANNEL, PgStore, group};
 use crate::error::Result;
 use crate::phase::{PhaseCommit, PhaseRow, SqlArg};
+use crate::store::shapes::{self, Statements};
 use crate::store::{Checkpoint, Committed, Conn, WorkflowWrite, common, compensations};
 
 /// The checkpoint's parts, each to become CTE `w0`, `w1`, … of one statement, parameters numbered from `$first`
@@ -192,7 +193,7 @@ fn statement_sql(checkpoint: &Checkpoint<'_>, phase: Option<PhaseCommit<'_>>, no
 }
 
 /// [`Store::commit_in_one_call`] on Postgres: one statement in autocommit ([`statement_sql`], built once per
-/// shape), whose `onceflow_check` calls raise (rolling everything back) when the guard, the fence or the insert
+/// shape: `store/shapes.rs`), whose `onceflow_check` calls raise (rolling everything back) when the guard, the fence or the insert
 /// did not hold.
 pub(super) async fn commit_in_one_call(
     store: &PgStore,
@@ -201,11 +202,8 @@ pub(super) async fn commit_in_one_call(
     finished: bool,
 ) -> Result<Option<Committed>> {
     let notify = finished && !checkpoint.is_first();
-    let build = || statement_sql(checkpoint, phase, notify);
-    let sql = match shapes::Shape::of(checkpoint, phase, notify) {
-        Some(shape) => shapes::statement(shape, phase.map(|p| p.phase), build),
-        None => Arc::from(build()),
-    };
+    static STATEMENTS: LazyLock<Statements> = LazyLock::new(Statements::default);
+    let sql = shapes::statement(&STATEMENTS, checkpoint, phase, notify, || statement_sql(checkpoint, phase, notify));
     let rows = phase.map_or(&[][..], |p| p.rows);
     let mut q = bind_statement(sqlx::query(sqlx::AssertSqlSafe(sql)), checkpoint, phase)?;
     if notify {

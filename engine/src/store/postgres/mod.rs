@@ -26,7 +26,6 @@ mod group;
 mod list;
 mod migrate;
 mod rows;
-mod shapes;
 
 /// The engine's embedded Postgres migrations (its tables only: each crate migrates its own, so this one
 /// leaves migrations it does not know, another crate's, alone).

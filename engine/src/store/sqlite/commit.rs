@@ -1,12 +1,15 @@
 //! An SQLite commit as one multi-statement call to the writer's thread (one hand-off instead of one per
 //! statement): the bookkeeping within a step's transaction, or a whole commit inside a group commit.
 
+use std::sync::LazyLock;
+
 use sqlx::Row;
 
 use super::rows::{self, SqliteQuery};
 use super::{PHASE_FLAGS, SqliteStore};
 use crate::error::Result;
 use crate::phase::{PhaseCommit, PhaseRow, SqlArg};
+use crate::store::shapes::{self, Statements};
 use crate::store::{Checkpoint, Committed, Conn, WorkflowWrite, common, compensations};
 
 /// The checkpoint's statements, parameters numbered from `$first` across all of them in the order
@@ -122,16 +125,10 @@ fn bind_statement<'q>(
     Ok(q)
 }
 
-/// [`crate::store::Store::commit_in_one_call`] on SQLite: one multi-statement call to the writer's thread inside
-/// a group commit (see `GroupCommit`), the phase's statements, the bookkeeping, the phase's step rows and the
-/// outputs, where a transaction of closure steps costs a hand-off per statement and the writer waits through
-/// each. A check that fails (fence, insert, guard) inserts its code into `onceflow_checks`, whose triggers
-/// raise it (migration 0004), and the commit is undone alone.
-pub(super) async fn commit_in_one_call(
-    store: &SqliteStore,
-    checkpoint: &Checkpoint<'_>,
-    phase: Option<PhaseCommit<'_>>,
-) -> Result<Option<Committed>> {
+/// The one-call commit's SQL (see [`commit_in_one_call`]): the phase's statements, the bookkeeping's with their
+/// checks, the phase's step rows, the guard's check, and a final `SELECT` of the outputs. It depends on the
+/// phase's text and the checkpoint's form only (see `store/shapes.rs`).
+fn statement_sql(checkpoint: &Checkpoint<'_>, phase: Option<PhaseCommit<'_>>) -> String {
     let args = phase.map_or(0, |p| p.phase.args.len());
     let (parts, mut next) = checkpoint_statements(checkpoint, args + 1);
     let check =
@@ -170,7 +167,23 @@ pub(super) async fn commit_in_one_call(
         // An intent's output is empty text: written, with no output.
         sql.push(format!("SELECT {}", phase_outputs(rows).join(", ")));
     }
-    let q = bind_statement(sqlx::query(sqlx::AssertSqlSafe(sql.join(";\n"))), checkpoint, phase)?;
+    sql.join(";\n")
+}
+
+/// [`crate::store::Store::commit_in_one_call`] on SQLite: one multi-statement call to the writer's thread inside
+/// a group commit (see `GroupCommit`), the phase's statements, the bookkeeping, the phase's step rows and the
+/// outputs ([`statement_sql`], built once per shape), where a transaction of closure steps costs a hand-off per
+/// statement and the writer waits through each. A check that fails (fence, insert, guard) inserts its code into
+/// `onceflow_checks`, whose triggers raise it (migration 0004), and the commit is undone alone.
+pub(super) async fn commit_in_one_call(
+    store: &SqliteStore,
+    checkpoint: &Checkpoint<'_>,
+    phase: Option<PhaseCommit<'_>>,
+) -> Result<Option<Committed>> {
+    static STATEMENTS: LazyLock<Statements> = LazyLock::new(Statements::default);
+    let sql = shapes::statement(&STATEMENTS, checkpoint, phase, false, || statement_sql(checkpoint, phase));
+    let rows = phase.map_or(&[][..], |p| p.rows);
+    let q = bind_statement(sqlx::query(sqlx::AssertSqlSafe(sql)), checkpoint, phase)?;
     match store.group.commit(q).await {
         Ok(found) => {
             let outputs = match found.last() {

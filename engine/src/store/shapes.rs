@@ -1,11 +1,12 @@
-//! A one-statement commit's SQL by its shape. The statement's text follows from the phase's text and the form
-//! of the checkpoint, not from their values (those are bound): a phase whose text its caller builds once and
-//! shares (see [`crate::phase::StatementPhase`]) makes, with a checkpoint of the same form, the same statement
-//! every time, so it is built once and kept rather than formatted again for every payment.
+//! A one-call commit's SQL by its shape (Postgres: one statement; SQLite: one multi-statement call). The text
+//! follows from the phase's text and the form of the checkpoint, not from their values (those are bound): a
+//! phase whose text its caller builds once and shares (see [`crate::phase::StatementPhase`]) makes, with a
+//! checkpoint of the same form, the same text every time, so it is built once and kept rather than formatted
+//! again for every payment. Each backend keeps its own [`Statements`].
 //!
 //! A shape names the phase's text by the addresses of its shared strings. Its entry holds those strings, so no
 //! other text can take an address while the entry names it; a phase built per call, with text of its own, only
-//! misses. The cache keeps at most [`CAPACITY`] statements and starts afresh when full.
+//! misses. A cache keeps at most [`CAPACITY`] statements and starts afresh when full.
 
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock, Mutex};
@@ -18,7 +19,7 @@ const CAPACITY: usize = 256;
 
 /// What a statement's text depends on.
 #[derive(Debug, PartialEq, Eq, Hash)]
-pub(super) struct Shape {
+pub(crate) struct Shape {
     /// Addresses of the phase's CTEs, guard, and each step's output and condition (0 for none).
     ctes: usize,
     guard: usize,
@@ -39,7 +40,7 @@ fn address(text: &str) -> usize {
 impl Shape {
     /// The shape of a commit of `checkpoint` and `phase`, if it has one: the statement's step rows are written
     /// from `phase.rows`, so only rows that are the phase's steps, one for one and with their text, name it.
-    pub(super) fn of(checkpoint: &Checkpoint<'_>, phase: Option<PhaseCommit<'_>>, notify: bool) -> Option<Self> {
+    pub(crate) fn of(checkpoint: &Checkpoint<'_>, phase: Option<PhaseCommit<'_>>, notify: bool) -> Option<Self> {
         if let Some(p) = phase {
             let same = |row: &PhaseRow<'_>, step: &PhaseStep| {
                 address(row.output) == address(&step.output)
@@ -87,26 +88,45 @@ impl Held {
 /// A kept statement, with the text its shape names (none for a commit without a phase).
 type Kept = (Arc<str>, Option<Held>);
 
-static STATEMENTS: LazyLock<Mutex<HashMap<Shape, Kept>>> = LazyLock::new(|| Mutex::new(HashMap::new()));
+/// One backend's statements by shape.
+#[derive(Default)]
+pub(crate) struct Statements(Mutex<HashMap<Shape, Kept>>);
 
-/// The statement of `shape`, built by `build` the first time (`phase`: the phase it was built from) and kept if
-/// the phase's text is shared (held elsewhere too, as by a caller that built it once): a phase built per call
-/// would only fill the cache with statements no later call can find.
-pub(super) fn statement(shape: Shape, phase: Option<&StatementPhase>, build: impl FnOnce() -> String) -> Arc<str> {
-    if let Some(sql) = STATEMENTS.lock().ok().and_then(|kept| kept.get(&shape).map(|(sql, _)| sql.clone())) {
-        return sql;
-    }
-    let sql: Arc<str> = Arc::from(build());
-    if phase.is_some_and(|p| Arc::strong_count(&p.ctes) < 2) {
-        return sql;
-    }
-    if let Ok(mut kept) = STATEMENTS.lock() {
-        if kept.len() >= CAPACITY {
-            kept.clear();
+impl Statements {
+    /// The statement of `shape`, built by `build` the first time (`phase`: the phase it was built from) and kept
+    /// if the phase's text is shared (held elsewhere too, as by a caller that built it once): a phase built per
+    /// call would only fill the cache with statements no later call can find.
+    pub(crate) fn get(&self, shape: Shape, phase: Option<&StatementPhase>, build: impl FnOnce() -> String) -> Arc<str> {
+        if let Some(sql) = self.0.lock().ok().and_then(|kept| kept.get(&shape).map(|(sql, _)| sql.clone())) {
+            return sql;
         }
-        kept.insert(shape, (sql.clone(), phase.map(Held::of)));
+        let sql: Arc<str> = Arc::from(build());
+        if phase.is_some_and(|p| Arc::strong_count(&p.ctes) < 2) {
+            return sql;
+        }
+        if let Ok(mut kept) = self.0.lock() {
+            if kept.len() >= CAPACITY {
+                kept.clear();
+            }
+            kept.insert(shape, (sql.clone(), phase.map(Held::of)));
+        }
+        sql
     }
-    sql
+}
+
+/// The statement of a commit of `checkpoint` and `phase` from `statements`, or built by `build` when the commit
+/// has no shape (see [`Shape::of`]).
+pub(crate) fn statement(
+    statements: &LazyLock<Statements>,
+    checkpoint: &Checkpoint<'_>,
+    phase: Option<PhaseCommit<'_>>,
+    notify: bool,
+    build: impl FnOnce() -> String,
+) -> Arc<str> {
+    match Shape::of(checkpoint, phase, notify) {
+        Some(shape) => statements.get(shape, phase.map(|p| p.phase), build),
+        None => Arc::from(build()),
+    }
 }
 
 #[cfg(test)]
@@ -131,6 +151,7 @@ mod tests {
     /// keeps — each get the statement of their own text.
     #[test]
     fn a_shared_text_is_built_once_and_no_text_is_taken_for_another() {
+        let statements = Statements::default();
         // Kept by its maker, as a caller keeps a text it built once.
         let template = phase("shared");
         let shared = template.clone();
@@ -139,27 +160,27 @@ mod tests {
             built.fetch_add(1, Ordering::Relaxed);
             text(&shared)
         };
-        let one = statement(Shape::with(Some(&shared), true, 0, false), Some(&shared), build);
-        let again = statement(Shape::with(Some(&shared.clone()), true, 0, false), Some(&shared), build);
+        let one = statements.get(Shape::with(Some(&shared), true, 0, false), Some(&shared), build);
+        let again = statements.get(Shape::with(Some(&shared.clone()), true, 0, false), Some(&shared), build);
         assert!(Arc::ptr_eq(&one, &again));
         assert_eq!(built.load(Ordering::Relaxed), 1);
         // Another form of the checkpoint is another statement.
-        let fence = statement(Shape::with(Some(&shared), false, 0, true), Some(&shared), || "fence".to_owned());
+        let fence = statements.get(Shape::with(Some(&shared), false, 0, true), Some(&shared), || "fence".to_owned());
         assert_eq!(&*fence, "fence");
         for i in 0..3 * CAPACITY {
             let own = phase(&format!("own{i}"));
-            let sql = statement(Shape::with(Some(&own), true, 0, false), Some(&own), || text(&own));
+            let sql = statements.get(Shape::with(Some(&own), true, 0, false), Some(&own), || text(&own));
             assert_eq!(*sql, text(&own), "phase {i}");
             // Kept like a shared text (another holder of its text), as when a caller keeps it.
             let kept = own.clone();
-            let sql = statement(Shape::with(Some(&own), false, 0, false), Some(&own), || text(&own));
+            let sql = statements.get(Shape::with(Some(&own), false, 0, false), Some(&own), || text(&own));
             assert_eq!(*sql, text(&kept), "phase {i}");
         }
         // A text of its own is not kept.
         let own = phase("not kept");
         let built = AtomicUsize::new(0);
         for _ in 0..2 {
-            statement(Shape::with(Some(&own), true, 0, false), Some(&own), || {
+            statements.get(Shape::with(Some(&own), true, 0, false), Some(&own), || {
                 built.fetch_add(1, Ordering::Relaxed);
                 text(&own)
             });
