@@ -224,7 +224,7 @@ async fn slow_clients_cannot_hold_the_server() {
 async fn slow_bodies_cannot_hold_the_server() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let url = database("sqlite").await.unwrap();
-    let args = ["--database-url", &url, "--body-read-timeout", "500ms", "--max-connections", "2"];
+    let args = ["--database-url", &url, "--body-read-timeout", "2s", "--max-connections", "2"];
     let (child, base) = serve_killed(&args).await;
     let addr = base.trim_start_matches("http://").to_owned();
     let mut slow = Vec::new();
@@ -237,8 +237,9 @@ async fn slow_bodies_cannot_hold_the_server() {
         slow.push(c);
     }
     // Their heads read: the one closed to make room for the real request below is answered too (a connection
-    // whose head has not arrived yet is closed without an answer, as a slow head is).
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // whose head has not arrived yet is closed without an answer, as a slow head is). A second, half the body
+    // timeout: a server started under a loaded CI may take a while to read them (300 ms once was not enough).
+    tokio::time::sleep(Duration::from_secs(1)).await;
     let answered = tokio::time::timeout(Duration::from_secs(10), reqwest::get(format!("{base}/healthz"))).await;
     for mut c in slow {
         // Answered 408 as a problem, then closed (EOF), not left open.
