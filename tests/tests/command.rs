@@ -30,6 +30,22 @@ fn code(body: &str) -> String {
     serde_json::from_str::<serde_json::Value>(body).unwrap()["code"].as_str().unwrap_or_default().to_owned()
 }
 
+/// The command token `token` unused (`issued`), made at `at`, expiring at `expires_at`.
+fn unused(token: &Token, at: i64, expires_at: i64) -> TokenRecord {
+    TokenRecord {
+        token: token.clone(),
+        tenant: T.into(),
+        state: TokenState::Issued,
+        fingerprint: None,
+        route: None,
+        response_status: None,
+        response_body: None,
+        created_at: at,
+        expires_at,
+        updated_at: at,
+    }
+}
+
 async fn fifty_deliveries_of_one_command_charge_once<S: TestDb + PaymentStore>(store: S) {
     let channel = MockChannel::new(MockChannelConfig { latency_ms: 20, ..MockChannelConfig::default() });
     let p = Payments::new(store.clone(), Arc::new(channel.clone()), EngineConfig::default());
@@ -72,11 +88,17 @@ async fn http_payment<S: PaymentStore>(p: &Payments<S>, order: &str, number: &st
     paid
 }
 
-async fn a_command_under_an_http_number_is_that_payment<S: TestDb + PaymentStore>(store: S) {
+/// A reliable channel, the service over `store`, and order `O-1` paid over the HTTP route under `H-1`.
+async fn paid_over_http<S: TestDb + PaymentStore>(store: &S) -> (MockChannel, Payments<S>, PayResponse) {
     let channel = MockChannel::reliable();
     let p = Payments::new(store.clone(), Arc::new(channel.clone()), EngineConfig::default());
     p.create_order(T, &order_no("O-1"), 1000, &cny()).await.unwrap();
     let paid = http_payment(&p, "O-1", "H-1").await;
+    (channel, p, paid)
+}
+
+async fn a_command_under_an_http_number_is_that_payment<S: TestDb + PaymentStore>(store: S) {
+    let (channel, p, paid) = paid_over_http(&store).await;
     for _ in 0..2 {
         let same = p.pay_command(T, &request("O-1", 1000, Some("H-1")), WAIT).await.unwrap();
         assert_eq!((same.status, &same.body), (201, &paid.body));
@@ -89,10 +111,7 @@ async fn a_command_under_an_http_number_is_that_payment<S: TestDb + PaymentStore
 /// A command with other fields under an HTTP payment's number, taken first, binds the command's token to its
 /// fields and is refused; a command with the payment's own fields is still that payment (`contracts/mq.md`).
 async fn a_mismatched_command_first_leaves_the_http_payment_the_answer<S: TestDb + PaymentStore>(store: S) {
-    let channel = MockChannel::reliable();
-    let p = Payments::new(store.clone(), Arc::new(channel.clone()), EngineConfig::default());
-    p.create_order(T, &order_no("O-1"), 1000, &cny()).await.unwrap();
-    let paid = http_payment(&p, "O-1", "H-1").await;
+    let (channel, p, paid) = paid_over_http(&store).await;
     let other = p.pay_command(T, &request("O-1", 500, Some("H-1")), WAIT).await.unwrap();
     assert_eq!((other.status, code(&other.body)), (422, "idempotency_key_mismatch".into()));
     for _ in 0..2 {
@@ -133,10 +152,7 @@ async fn commands_answered_before_an_http_payment_took_their_number_keep_their_a
 /// other fields than that payment's: `422` (`contracts/mq.md`), and it leaves the command's token free, so that a
 /// command with the payment's own fields, coming after it, is still that payment.
 async fn a_command_for_an_unknown_order_under_an_http_number_leaves_it_the_answer<S: TestDb + PaymentStore>(store: S) {
-    let channel = MockChannel::reliable();
-    let p = Payments::new(store.clone(), Arc::new(channel.clone()), EngineConfig::default());
-    p.create_order(T, &order_no("O-1"), 1000, &cny()).await.unwrap();
-    let paid = http_payment(&p, "O-1", "H-1").await;
+    let (channel, p, paid) = paid_over_http(&store).await;
     let unknown = p.pay_command(T, &request("O-X", 1000, Some("H-1")), WAIT).await.unwrap();
     assert_eq!((unknown.status, code(&unknown.body)), (422, "idempotency_key_mismatch".into()));
     for _ in 0..2 {
@@ -197,19 +213,7 @@ async fn a_token_marked_under_a_taken_number_is_never_settled<S: TestDb + Paymen
     let channel = MockChannel::reliable();
     let p = Payments::new(store.clone(), Arc::new(channel.clone()), EngineConfig::default());
     let token = command_token(T, "R-1");
-    let unused = TokenRecord {
-        token: token.clone(),
-        tenant: T.into(),
-        state: TokenState::Issued,
-        fingerprint: None,
-        route: None,
-        response_status: None,
-        response_body: None,
-        created_at: 1_000,
-        expires_at: i64::MAX,
-        updated_at: 1_000,
-    };
-    store.ensure_token(&unused).await.unwrap();
+    store.ensure_token(&unused(&token, 1_000, i64::MAX)).await.unwrap();
     assert!(store.mark_number_taken(&token).await.unwrap());
     let answer = StoredResponse { status: 404, body: "{}".into() };
     let settled = store.settle_unused_token(&token, &request_no("R-1"), "f", COMMAND_ROUTE, &answer, 2_000).await;
@@ -224,18 +228,7 @@ async fn a_token_marked_under_a_taken_number_is_never_settled<S: TestDb + Paymen
 
 async fn the_commands_token_is_ensured_revived_and_left_alone_once_used<S: TestDb + PaymentStore>(store: S) {
     let token = command_token(T, "R-9");
-    let record = |expires_at: i64| TokenRecord {
-        token: token.clone(),
-        tenant: T.into(),
-        state: TokenState::Issued,
-        fingerprint: None,
-        route: None,
-        response_status: None,
-        response_body: None,
-        created_at: 1_000,
-        expires_at,
-        updated_at: 1_000,
-    };
+    let record = |expires_at: i64| unused(&token, 1_000, expires_at);
     let read = || async { store.token_and_order(&token, T, &order_no("none")).await.unwrap().unwrap().0 };
     store.ensure_token(&record(2_000)).await.unwrap();
     store.ensure_token(&record(2_000)).await.unwrap();
@@ -339,19 +332,7 @@ async fn a_command_delivered_while_a_pass_deletes_its_token_is_paid<S: TestDb + 
         let (order, number) = (format!("O-{i}"), format!("R-{i}"));
         p.create_order(T, &order_no(&order), 1000, &cny()).await.unwrap();
         let now = clock.now_ms();
-        let expired = TokenRecord {
-            token: command_token(T, &number),
-            tenant: T.into(),
-            state: TokenState::Issued,
-            fingerprint: None,
-            route: None,
-            response_status: None,
-            response_body: None,
-            created_at: now,
-            expires_at: now + HOUR,
-            updated_at: now,
-        };
-        store.ensure_token(&expired).await.unwrap();
+        store.ensure_token(&unused(&command_token(T, &number), now, now + HOUR)).await.unwrap();
         clock.advance(2 * HOUR);
         let command = request(&order, 1000, Some(&number));
         let (pass, paid) = tokio::join!(gc.retention_pass(false), p.pay_command(T, &command, WAIT));
