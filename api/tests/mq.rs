@@ -138,9 +138,7 @@ async fn storm<S: PaymentStore>(db: String, store: S, processes: usize, n_orders
         ledger.charge_calls,
         started.elapsed().as_secs_f64()
     );
-    client.delete(&queue).await;
-    client.delete(&format!("{queue}.dead")).await;
-    client.delete(&replies).await;
+    delete_queues(&client, &queue, &replies).await;
 }
 
 /// The order and payment of every event in the log, once there are `expected` (the Postgres log shows an event
@@ -241,10 +239,7 @@ async fn a_command_under_an_http_payments_number_is_that_payment() {
     };
 
     // Paid over HTTP, then the same payment as a command: its status and body, no new charge call.
-    app.order("O-1", 1000).await;
-    let paid = app.pay(&app.token().await, command(1, "H-1")).await;
-    assert_eq!(paid.status, 201, "{}", paid.text);
-    let calls = channel.ledger().charge_calls;
+    let (paid, calls) = paid_h1(&app, &channel).await;
     client.command(&queue, &command(1, "H-1"), "same", &replies).await;
     client.command(&queue, &command(1, "H-1"), "same again", &replies).await;
     let mut other = command(1, "H-1");
@@ -295,9 +290,7 @@ async fn a_command_under_an_http_payments_number_is_that_payment() {
 
     assert!(terminate(&mut fleet.0[0]));
     assert_eq!(client.counts(&queue).await, (0, 0));
-    client.delete(&queue).await;
-    client.delete(&format!("{queue}.dead")).await;
-    client.delete(&replies).await;
+    delete_queues(&client, &queue, &replies).await;
 }
 
 /// A command with other fields under an HTTP payment's number, delivered first, takes the command's token (bound
@@ -312,10 +305,7 @@ async fn a_mismatched_command_first_leaves_the_http_payment_the_answer() {
         return;
     };
 
-    app.order("O-1", 1000).await;
-    let paid = app.pay(&app.token().await, command(1, "H-1")).await;
-    assert_eq!(paid.status, 201, "{}", paid.text);
-    let calls = channel.ledger().charge_calls;
+    let (paid, calls) = paid_h1(&app, &channel).await;
     let mut other = command(1, "H-1");
     other["amount"] = json!(999);
     client.command(&queue, &other, "other", &replies).await;
@@ -333,9 +323,22 @@ async fn a_mismatched_command_first_leaves_the_http_payment_the_answer() {
     assert_eq!(channel.ledger().charge_calls, calls, "a command charged again");
 
     assert!(terminate(&mut fleet.0[0]));
-    client.delete(&queue).await;
+    delete_queues(&client, &queue, &replies).await;
+}
+
+/// Order `O-1` paid over HTTP under `H-1` (it must be charged), and the channel's charge calls then.
+async fn paid_h1(app: &common::App, channel: &MockChannel) -> (common::Answer, u64) {
+    app.order("O-1", 1000).await;
+    let paid = app.pay(&app.token().await, command(1, "H-1")).await;
+    assert_eq!(paid.status, 201, "{}", paid.text);
+    (paid, channel.ledger().charge_calls)
+}
+
+/// Deletes a test's queue, its dead-letter queue and its reply queue.
+async fn delete_queues(client: &Client, queue: &str, replies: &str) {
+    client.delete(queue).await;
     client.delete(&format!("{queue}.dead")).await;
-    client.delete(&replies).await;
+    client.delete(replies).await;
 }
 
 #[cfg_attr(onceflow_no_amqp, ignore = "AMQP_URL is not set")]
@@ -511,9 +514,7 @@ async fn a_storage_outage_returns_the_command_to_the_queue() {
     assert_eq!(metric_reaches(&metrics, "onceflow_mq_in_flight", 0.0).await, 0.0);
     assert!(terminate(&mut fleet.0[0]));
     assert_eq!(client.counts(&queue).await, (0, 0));
-    client.delete(&queue).await;
-    client.delete(&format!("{queue}.dead")).await;
-    client.delete(&replies).await;
+    delete_queues(&client, &queue, &replies).await;
 }
 
 #[cfg_attr(onceflow_no_amqp, ignore = "AMQP_URL is not set")]
@@ -557,7 +558,5 @@ async fn sigterm_finishes_the_commands_in_flight_and_returns_the_rest() {
     assert!(check_invariants(&store, &channel.ledger()).await.unwrap().is_empty());
     assert!(terminate(&mut fleet.0[0]));
     assert_eq!(client.counts(&queue).await, (0, 0));
-    client.delete(&queue).await;
-    client.delete(&format!("{queue}.dead")).await;
-    client.delete(&replies).await;
+    delete_queues(&client, &queue, &replies).await;
 }
