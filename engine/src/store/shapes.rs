@@ -9,7 +9,7 @@
 //! misses. A cache keeps at most [`CAPACITY`] statements and starts afresh when full.
 
 use std::collections::HashMap;
-use std::sync::{Arc, LazyLock, Mutex};
+use std::sync::{Arc, Mutex};
 
 use crate::phase::{PhaseCommit, PhaseRow, PhaseStep, StatementPhase};
 use crate::store::Checkpoint;
@@ -117,7 +117,7 @@ impl Statements {
 /// The statement of a commit of `checkpoint` and `phase` from `statements`, or built by `build` when the commit
 /// has no shape (see [`Shape::of`]).
 pub(crate) fn statement(
-    statements: &LazyLock<Statements>,
+    statements: &Statements,
     checkpoint: &Checkpoint<'_>,
     phase: Option<PhaseCommit<'_>>,
     notify: bool,
