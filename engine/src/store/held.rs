@@ -4,27 +4,76 @@
 //! Postgres server, or a hand-off to SQLite's worker thread. A commit that is one call would pay two, and on
 //! SQLite's single writer the next commit waits for the ping. Held connections go back to a list of their own
 //! instead; only one whose call may have left a transaction open (its future dropped mid-call) is closed.
+//!
+//! A held connection lives as long as the process, and Postgres keeps a connection's plan of each prepared
+//! statement until something invalidates it (DDL, or an `ANALYZE` of a table it reads — autovacuum's, where it
+//! runs). A generic plan made while a table was nearly empty (a fresh database, or statistics taken while it
+//! was) scans that table whole, and would go on scanning it as it grows to millions of rows. So a store may ask
+//! for its held connections' statements to be dropped and planned again as they age ([`Held::replanning`]):
+//! after a first wait, then after each wait doubled, up to [`REPLAN_MAX`].
 
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
-use sqlx::Database;
+use sqlx::database::HasStatementCache;
 use sqlx::pool::PoolConnection;
+use sqlx::{Connection, Database};
 use tokio::sync::{Semaphore, SemaphorePermit};
 
 use crate::error::Result;
+
+/// The longest wait between two plannings of a held connection's statements.
+pub(crate) const REPLAN_MAX: Duration = Duration::from_secs(600);
+
+/// When a held connection's statements are next dropped to be planned again, and the wait after that.
+#[derive(Debug, Clone, Copy)]
+struct Replan {
+    at: Instant,
+    wait: Duration,
+}
+
+impl Replan {
+    /// The first planning again, `wait` from now.
+    fn after(wait: Duration) -> Self {
+        Self { at: Instant::now() + wait, wait }
+    }
+
+    /// The one after this, twice the wait later (at most [`REPLAN_MAX`]).
+    fn next(self) -> Self {
+        Self::after(self.wait.saturating_mul(2).min(REPLAN_MAX))
+    }
+}
 
 /// Up to `max` connections taken from `pool` and kept for one-call writes.
 #[derive(Debug)]
 pub(crate) struct Held<DB: Database> {
     pool: sqlx::Pool<DB>,
-    idle: Mutex<Vec<PoolConnection<DB>>>,
+    idle: Mutex<Vec<(PoolConnection<DB>, Option<Replan>)>>,
     permits: Semaphore,
+    max: usize,
+    /// The first wait before a connection's statements are planned again; none: never.
+    replan: Option<Duration>,
 }
 
-impl<DB: Database> Held<DB> {
+impl<DB: Database + HasStatementCache> Held<DB> {
     /// Holds up to `max` (at least one) of `pool`'s connections, taken as callers need them.
     pub(crate) fn new(pool: sqlx::Pool<DB>, max: usize) -> Self {
-        Self { pool, idle: Mutex::new(Vec::new()), permits: Semaphore::new(max.max(1)) }
+        let max = max.max(1);
+        Self { pool, idle: Mutex::new(Vec::new()), permits: Semaphore::new(max), max, replan: None }
+    }
+
+    /// The most connections held.
+    pub(crate) fn max(&self) -> usize {
+        self.max
+    }
+
+    /// Drops each held connection's prepared statements `first` after it was taken (at least a millisecond, at
+    /// most [`REPLAN_MAX`]), then after each wait doubled (see the module), so that they are planned again on
+    /// the tables as they are by then.
+    #[must_use]
+    pub(crate) fn replanning(mut self, first: Duration) -> Self {
+        self.replan = Some(first.clamp(Duration::from_millis(1), REPLAN_MAX));
+        self
     }
 
     /// A turn at the held connections without taking one: while it lasts, none of them is in use (with one
@@ -50,11 +99,21 @@ impl<DB: Database> Held<DB> {
 
     async fn take<'a>(&'a self, permit: SemaphorePermit<'a>) -> Result<Writer<'a, DB>> {
         let idle = self.idle.lock().map(|mut idle| idle.pop()).unwrap_or(None);
-        let conn = match idle {
-            Some(conn) => conn,
-            None => self.pool.acquire().await?,
+        let (mut conn, mut replan) = match idle {
+            Some(idle) => idle,
+            None => (self.pool.acquire().await?, self.replan.map(Replan::after)),
         };
-        Ok(Writer { held: Some((self, permit)), conn: Some(conn), open: false, broken: false })
+        if let Some(due) = replan.filter(|r| r.at <= Instant::now()) {
+            match conn.clear_cached_statements().await {
+                Ok(()) => replan = Some(due.next()),
+                // It failed on the way: back to the pool (whose ping closes it if broken), then a new one.
+                Err(_) => {
+                    drop(conn);
+                    (conn, replan) = (self.pool.acquire().await?, self.replan.map(Replan::after));
+                }
+            }
+        }
+        Ok(Writer { held: Some((self, permit)), conn: Some(conn), replan, open: false, broken: false })
     }
 }
 
@@ -63,6 +122,8 @@ impl<DB: Database> Held<DB> {
 pub struct Writer<'a, DB: Database> {
     held: Option<(&'a Held<DB>, SemaphorePermit<'a>)>,
     conn: Option<PoolConnection<DB>>,
+    /// A held connection's next planning again.
+    replan: Option<Replan>,
     /// A call that may leave a transaction open is under way.
     open: bool,
     /// A call failed outside the database (I/O, protocol): the connection may be broken.
@@ -72,7 +133,7 @@ pub struct Writer<'a, DB: Database> {
 impl<'a, DB: Database> Writer<'a, DB> {
     /// A pool connection, returned to the pool when dropped.
     pub(crate) fn pooled(conn: PoolConnection<DB>) -> Self {
-        Self { held: None, conn: Some(conn), open: false, broken: false }
+        Self { held: None, conn: Some(conn), replan: None, open: false, broken: false }
     }
 
     /// Marks a call that begins and ends its own transaction as under way (`true`) or finished (`false`): a
@@ -127,7 +188,7 @@ impl<DB: Database> Drop for Writer<'_, DB> {
         if self.broken {
             idle.clear();
         } else if !self.open {
-            idle.push(conn);
+            idle.push((conn, self.replan));
         }
     }
 }

@@ -65,6 +65,11 @@ pub const DEFAULT_COMMIT_SLOTS: usize = 0;
 /// The most commits one batch of the group commit holds.
 const MAX_BATCH: usize = 32;
 
+/// How long after a held connection is taken its prepared statements are first planned again, then after each
+/// wait doubled, up to ten minutes (see `held.rs`): a plan made while a table was nearly empty does not outlive
+/// the table's growth, even where no `ANALYZE` runs to invalidate it.
+pub const REPLAN_FIRST: Duration = Duration::from_secs(10);
+
 impl PgStore {
     /// Connects a pool of up to `max_connections` to `url` (`postgres://…`).
     pub async fn connect(url: &str, max_connections: u32) -> Result<Self> {
@@ -108,8 +113,18 @@ impl PgStore {
             .test_before_acquire(false)
             .acquire_timeout(Duration::from_secs(2))
             .connect_lazy_with((*pool.connect_options()).clone());
-        let held = (held > 0).then(|| Arc::new(Held::new(pool.clone(), held)));
+        let held = (held > 0).then(|| Arc::new(Held::new(pool.clone(), held).replanning(REPLAN_FIRST)));
         Self { held, pool, leases, group: None }.group_commit(DEFAULT_COMMIT_SLOTS)
+    }
+
+    /// Plans the held connections' statements again `first` after each is taken, then after each wait doubled
+    /// (default [`REPLAN_FIRST`]). To be called on a new store, before it is used or cloned: it replaces the
+    /// held connections (tests shorten the wait).
+    #[must_use]
+    pub fn replan_after(mut self, first: Duration) -> Self {
+        let pool = self.pool.clone();
+        self.held = self.held.map(|held| Arc::new(Held::new(pool, held.max()).replanning(first)));
+        self
     }
 
     /// Sends at most `slots` one-statement commits at once: a commit that finds them all busy waits and goes
