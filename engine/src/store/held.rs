@@ -50,7 +50,6 @@ pub(crate) struct Held<DB: Database> {
     pool: sqlx::Pool<DB>,
     idle: Mutex<Vec<(PoolConnection<DB>, Option<Replan>)>>,
     permits: Semaphore,
-    max: usize,
     /// The first wait before a connection's statements are planned again; none: never.
     replan: Option<Duration>,
 }
@@ -58,22 +57,14 @@ pub(crate) struct Held<DB: Database> {
 impl<DB: Database + HasStatementCache> Held<DB> {
     /// Holds up to `max` (at least one) of `pool`'s connections, taken as callers need them.
     pub(crate) fn new(pool: sqlx::Pool<DB>, max: usize) -> Self {
-        let max = max.max(1);
-        Self { pool, idle: Mutex::new(Vec::new()), permits: Semaphore::new(max), max, replan: None }
-    }
-
-    /// The most connections held.
-    pub(crate) fn max(&self) -> usize {
-        self.max
+        Self { pool, idle: Mutex::new(Vec::new()), permits: Semaphore::new(max.max(1)), replan: None }
     }
 
     /// Drops each held connection's prepared statements `first` after it was taken (at least a millisecond, at
     /// most [`REPLAN_MAX`]), then after each wait doubled (see the module), so that they are planned again on
     /// the tables as they are by then.
-    #[must_use]
-    pub(crate) fn replanning(mut self, first: Duration) -> Self {
+    pub(crate) fn replan_after(&mut self, first: Duration) {
         self.replan = Some(first.clamp(Duration::from_millis(1), REPLAN_MAX));
-        self
     }
 
     /// A turn at the held connections without taking one: while it lasts, none of them is in use (with one

@@ -113,17 +113,18 @@ impl PgStore {
             .test_before_acquire(false)
             .acquire_timeout(Duration::from_secs(2))
             .connect_lazy_with((*pool.connect_options()).clone());
-        let held = (held > 0).then(|| Arc::new(Held::new(pool.clone(), held).replanning(REPLAN_FIRST)));
-        Self { held, pool, leases, group: None }.group_commit(DEFAULT_COMMIT_SLOTS)
+        let held = (held > 0).then(|| Arc::new(Held::new(pool.clone(), held)));
+        Self { held, pool, leases, group: None }.group_commit(DEFAULT_COMMIT_SLOTS).replan_after(REPLAN_FIRST)
     }
 
     /// Plans the held connections' statements again `first` after each is taken, then after each wait doubled
-    /// (default [`REPLAN_FIRST`]). To be called on a new store, before it is used or cloned: it replaces the
-    /// held connections (tests shorten the wait).
+    /// (default [`REPLAN_FIRST`]). Only on a new store, before it is cloned (tests shorten the wait); a store
+    /// shared already keeps its wait.
     #[must_use]
     pub fn replan_after(mut self, first: Duration) -> Self {
-        let pool = self.pool.clone();
-        self.held = self.held.map(|held| Arc::new(Held::new(pool, held.max()).replanning(first)));
+        if let Some(held) = self.held.as_mut().and_then(Arc::get_mut) {
+            held.replan_after(first);
+        }
         self
     }
 
