@@ -3,7 +3,9 @@
 //! An sqlx pool pings every connection returned to it before another caller may have it: a round trip to the
 //! Postgres server, or a hand-off to SQLite's worker thread. A commit that is one call would pay two, and on
 //! SQLite's single writer the next commit waits for the ping. Held connections go back to a list of their own
-//! instead; only one whose call may have left a transaction open (its future dropped mid-call) is closed.
+//! instead; only one whose call may have left a transaction open, or its answer still on the way (its future
+//! dropped mid-call), is closed: the next caller would otherwise read that answer as its own (sqlx reads what
+//! is pending before it sends, and returns an error found there as the new call's).
 //!
 //! A held connection lives as long as the process, and Postgres keeps a connection's plan of each prepared
 //! statement until something invalidates it (DDL, or an `ANALYZE` of a table it reads — autovacuum's, where it
@@ -104,12 +106,13 @@ impl<DB: Database + HasStatementCache> Held<DB> {
                 }
             }
         }
-        Ok(Writer { held: Some((self, permit)), conn: Some(conn), replan, open: false, broken: false })
+        Ok(Writer { held: Some((self, permit)), conn: Some(conn), replan, open: false, in_call: false, broken: false })
     }
 }
 
 /// A connection for one write outside a step's transaction: held by the store (see [`Held`]) or from its
-/// pool. Dereferences to the connection.
+/// pool. Dereferences to the connection; every call made on it passes its result through [`Writer::check`],
+/// else the connection is closed when the writer is dropped (its call counts as unfinished).
 pub struct Writer<'a, DB: Database> {
     held: Option<(&'a Held<DB>, SemaphorePermit<'a>)>,
     conn: Option<PoolConnection<DB>>,
@@ -117,6 +120,9 @@ pub struct Writer<'a, DB: Database> {
     replan: Option<Replan>,
     /// A call that may leave a transaction open is under way.
     open: bool,
+    /// The connection was lent for a call (borrowed mutably) whose result has not passed through `check`: if
+    /// its future was dropped, its answer may still be on the way.
+    in_call: bool,
     /// A call failed outside the database (I/O, protocol): the connection may be broken.
     broken: bool,
 }
@@ -124,7 +130,7 @@ pub struct Writer<'a, DB: Database> {
 impl<'a, DB: Database> Writer<'a, DB> {
     /// A pool connection, returned to the pool when dropped.
     pub(crate) fn pooled(conn: PoolConnection<DB>) -> Self {
-        Self { held: None, conn: Some(conn), replan: None, open: false, broken: false }
+        Self { held: None, conn: Some(conn), replan: None, open: false, in_call: false, broken: false }
     }
 
     /// Marks a call that begins and ends its own transaction as under way (`true`) or finished (`false`): a
@@ -133,10 +139,11 @@ impl<'a, DB: Database> Writer<'a, DB> {
         self.open = open;
     }
 
-    /// Passes on a call's `result`, noting a failure outside the database: the connection then goes back to
-    /// the pool (whose ping closes it if broken) with every idle held one, since what broke one (a server
-    /// restart) broke them all.
+    /// Passes on a call's `result`, marking the call finished, and noting a failure outside the database: the
+    /// connection then goes back to the pool (whose ping closes it if broken) with every idle held one, since
+    /// what broke one (a server restart) broke them all.
     pub fn check<T>(&mut self, result: std::result::Result<T, sqlx::Error>) -> std::result::Result<T, sqlx::Error> {
+        self.in_call = false;
         if let Err(e) = &result
             && !matches!(e, sqlx::Error::Database(_))
         {
@@ -158,7 +165,9 @@ impl<DB: Database> std::ops::Deref for Writer<'_, DB> {
 }
 
 impl<DB: Database> std::ops::DerefMut for Writer<'_, DB> {
+    /// Lends the connection for a call, which counts as unfinished until its result passes through `check`.
     fn deref_mut(&mut self) -> &mut DB::Connection {
+        self.in_call = true;
         match self.conn.as_mut() {
             Some(conn) => conn,
             None => unreachable!("taken only by drop"),
@@ -171,14 +180,15 @@ impl<DB: Database> Drop for Writer<'_, DB> {
         let Some(mut conn) = self.conn.take() else { return };
         // A connection dropped mid-call is closed; one that failed outside the database takes the idle held
         // ones with it, whether or not its call was under way.
-        if self.open {
+        let unfinished = self.open || self.in_call;
+        if unfinished {
             conn.close_on_drop();
         }
         let Some((held, _)) = &self.held else { return };
         let Ok(mut idle) = held.idle.lock() else { return };
         if self.broken {
             idle.clear();
-        } else if !self.open {
+        } else if !unfinished {
             idle.push((conn, self.replan));
         }
     }
@@ -232,5 +242,29 @@ mod tests {
             tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         }
         assert_eq!(pool.size(), 1, "the open one closed");
+    }
+
+    /// A connection lent for a call comes back to the idle list once the call's result passed through `check`;
+    /// one whose call never reported back (its future dropped) is closed, not handed to the next caller.
+    #[tokio::test]
+    async fn a_call_that_did_not_report_back_closes_its_connection() {
+        let pool = SqlitePoolOptions::new().max_connections(2).connect("sqlite::memory:").await.unwrap();
+        let held = Held::new(pool.clone(), 2);
+        let mut w = held.get().await.unwrap();
+        let done = sqlx::query("SELECT 1").execute(&mut *w).await;
+        assert!(w.check(done).is_ok());
+        drop(w);
+        assert_eq!(idle(&held), 1, "a finished call's connection is kept");
+        let mut w = held.get().await.unwrap();
+        let _lent: &mut sqlx::SqliteConnection = &mut w;
+        drop(w);
+        assert_eq!(idle(&held), 0, "an unfinished call's connection is not kept");
+        for _ in 0..100 {
+            if pool.size() == 0 {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        assert_eq!(pool.size(), 0, "and it is closed");
     }
 }
