@@ -4,8 +4,9 @@
 //! Postgres server, or a hand-off to SQLite's worker thread. A commit that is one call would pay two, and on
 //! SQLite's single writer the next commit waits for the ping. Held connections go back to a list of their own
 //! instead; only one whose call may have left a transaction open, or its answer still on the way (its future
-//! dropped mid-call), is closed: the next caller would otherwise read that answer as its own (sqlx reads what
-//! is pending before it sends, and returns an error found there as the new call's).
+//! dropped mid-call), is closed. On Postgres the next caller would otherwise read that answer as its own (sqlx
+//! reads what is pending before it sends, and returns an error found there as the new call's); on SQLite each
+//! call has a reply channel of its own, and closing costs only a reopened connection.
 //!
 //! A held connection lives as long as the process, and Postgres keeps a connection's plan of each prepared
 //! statement until something invalidates it (DDL, or an `ANALYZE` of a table it reads — autovacuum's, where it
@@ -111,8 +112,9 @@ impl<DB: Database + HasStatementCache> Held<DB> {
 }
 
 /// A connection for one write outside a step's transaction: held by the store (see [`Held`]) or from its
-/// pool. Dereferences to the connection; every call made on it passes its result through [`Writer::check`],
-/// else the connection is closed when the writer is dropped (its call counts as unfinished).
+/// pool. Dereferences to the connection; every call made on it passes its result through [`Writer::check`]
+/// before the next call, else the connection is closed when the writer is dropped (its call counts as
+/// unfinished). A call made after one that was cut short is not protected: check each call.
 pub struct Writer<'a, DB: Database> {
     held: Option<(&'a Held<DB>, SemaphorePermit<'a>)>,
     conn: Option<PoolConnection<DB>>,

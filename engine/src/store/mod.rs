@@ -228,7 +228,8 @@ pub trait Store: sealed::Sealed + Clone + Send + Sync + 'static {
 
     /// A connection for one write outside a step (SQLite: the writer's, which the store holds; Postgres: one
     /// of those it holds for one-statement commits; elsewhere: from the pool). Held connections skip the ping
-    /// an sqlx pool makes on every connection returned to it.
+    /// an sqlx pool makes on every connection returned to it. Pass each call's result through
+    /// [`Writer::check`] before the next call: a writer dropped with a call not checked is closed, not reused.
     fn writer(&self) -> impl Future<Output = Result<Writer<'_, Self::Db>>> + Send {
         async { Ok(Writer::pooled(self.write_pool().acquire().await?)) }
     }

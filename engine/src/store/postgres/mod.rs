@@ -167,8 +167,8 @@ impl Store for PgStore {
         Ok(self.pool.begin().await?)
     }
 
-    /// A held connection (a statement left unfinished is drained before the next: sqlx waits for the
-    /// server's `ReadyForQuery`), or one from the pool when every held one is in use (or none is held).
+    /// A held connection (one whose last call was cut short is closed, not handed on: see `held.rs`), or one
+    /// from the pool when every held one is in use (or none is held).
     async fn writer(&self) -> Result<Writer<'_, Postgres>> {
         match &self.held {
             Some(held) => held.get_or_pooled().await,
