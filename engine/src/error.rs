@@ -42,7 +42,7 @@ pub enum Error {
     #[error("the workflow run stopped: {0}")]
     Interrupted(String),
     /// The workflow's first phase did not hold its guard, so nothing of the workflow was recorded: the start
-    /// was refused with this failure (see [`crate::StatementPhase::guard`]).
+    /// was refused with this failure (see [`crate::phase::StatementPhase::guard`]).
     #[error("the start was refused: {0}")]
     Refused(Failure),
     /// The store cannot do what was asked of it (a statement phase on a backend without them).

@@ -53,7 +53,7 @@ impl PhaseStep {
 /// Transactional steps as one call: their SQL, the steps they record and a guard. Built by a store-specific
 /// module, since the SQL is the backend's dialect: on Postgres data-modifying common table expressions of one
 /// statement; on SQLite statements run in order inside the commit's transaction, which record what they did in
-/// [`crate::SQLITE_PHASE_FLAGS`] for the expressions after them. Run by
+/// [`crate::store::SQLITE_PHASE_FLAGS`] for the expressions after them. Run by
 /// [`crate::WorkflowContext::statement_phase`]. Its SQL is shared text (see [`PhaseStep`]).
 #[derive(Debug, Clone)]
 pub struct StatementPhase {

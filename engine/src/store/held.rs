@@ -111,7 +111,7 @@ impl<DB: Database + HasStatementCache> Held<DB> {
     }
 }
 
-/// A connection for one write outside a step's transaction: held by the store (see [`Held`]) or from its
+/// A connection for one write outside a step's transaction: held by the store (see `held.rs`) or from its
 /// pool. Dereferences to the connection; every call made on it passes its result through [`Writer::check`]
 /// before the next call, else the connection is closed when the writer is dropped (its call counts as
 /// unfinished). A call made after one that was cut short is not protected: check each call.
