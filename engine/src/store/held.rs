@@ -12,7 +12,7 @@
 //! statement until something invalidates it (DDL, or an `ANALYZE` of a table it reads — autovacuum's, where it
 //! runs). A generic plan made while a table was nearly empty (a fresh database, or statistics taken while it
 //! was) scans that table whole, and would go on scanning it as it grows to millions of rows. So a store may ask
-//! for its held connections' statements to be dropped and planned again as they age ([`Held::replanning`]):
+//! for its held connections' statements to be dropped and planned again as they age ([`Held::replan_after`]):
 //! after a first wait, then after each wait doubled, up to [`REPLAN_MAX`].
 
 use std::sync::Mutex;
