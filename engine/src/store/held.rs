@@ -33,17 +33,19 @@ pub(crate) const REPLAN_MAX: Duration = Duration::from_secs(600);
 struct Replan {
     at: Instant,
     wait: Duration,
+    /// How many times the connection's statements were dropped before.
+    done: u64,
 }
 
 impl Replan {
     /// The first planning again, `wait` from now.
     fn after(wait: Duration) -> Self {
-        Self { at: Instant::now() + wait, wait }
+        Self { at: Instant::now() + wait, wait, done: 0 }
     }
 
     /// The one after this, twice the wait later (at most [`REPLAN_MAX`]).
     fn next(self) -> Self {
-        Self::after(self.wait.saturating_mul(2).min(REPLAN_MAX))
+        Self { done: self.done + 1, ..Self::after(self.wait.saturating_mul(2).min(REPLAN_MAX)) }
     }
 }
 
@@ -107,7 +109,7 @@ impl<DB: Database + HasStatementCache> Held<DB> {
                 }
             }
         }
-        Ok(Writer { held: Some((self, permit)), conn: Some(conn), replan, open: false, in_call: false, broken: false })
+        Ok(Writer { held: Some((self, permit)), conn: Some(conn), replan, in_call: false, broken: false })
     }
 }
 
@@ -120,10 +122,8 @@ pub struct Writer<'a, DB: Database> {
     conn: Option<PoolConnection<DB>>,
     /// A held connection's next planning again.
     replan: Option<Replan>,
-    /// A call that may leave a transaction open is under way.
-    open: bool,
     /// The connection was lent for a call (borrowed mutably) whose result has not passed through `check`: if
-    /// its future was dropped, its answer may still be on the way.
+    /// its future was dropped, its answer may still be on the way, or its transaction open.
     in_call: bool,
     /// A call failed outside the database (I/O, protocol): the connection may be broken.
     broken: bool,
@@ -132,13 +132,14 @@ pub struct Writer<'a, DB: Database> {
 impl<'a, DB: Database> Writer<'a, DB> {
     /// A pool connection, returned to the pool when dropped.
     pub(crate) fn pooled(conn: PoolConnection<DB>) -> Self {
-        Self { held: None, conn: Some(conn), replan: None, open: false, in_call: false, broken: false }
+        Self { held: None, conn: Some(conn), replan: None, in_call: false, broken: false }
     }
 
-    /// Marks a call that begins and ends its own transaction as under way (`true`) or finished (`false`): a
-    /// connection dropped while one is under way is closed, which rolls the transaction back.
-    pub(crate) fn set_open(&mut self, open: bool) {
-        self.open = open;
+    /// The connection's plan generation: how many times its prepared statements were dropped to be planned again
+    /// (always 0 for a connection of the pool's). Statements a caller prepares itself are named after it, so
+    /// that they are planned again with the rest (the group commit's batches: `postgres/group.rs`).
+    pub(crate) fn plans(&self) -> u64 {
+        self.replan.map_or(0, |r| r.done)
     }
 
     /// Passes on a call's `result`, marking the call finished, and noting a failure outside the database: the
@@ -182,7 +183,7 @@ impl<DB: Database> Drop for Writer<'_, DB> {
         let Some(mut conn) = self.conn.take() else { return };
         // A connection dropped mid-call is closed; one that failed outside the database takes the idle held
         // ones with it, whether or not its call was under way.
-        let unfinished = self.open || self.in_call;
+        let unfinished = self.in_call;
         if unfinished {
             conn.close_on_drop();
         }
@@ -221,8 +222,10 @@ mod tests {
             let (first, mut second) = (held.get().await.unwrap(), held.get().await.unwrap());
             drop(first);
             assert_eq!(idle(&held), 1);
-            // A one-call commit under way (`open`) when the failure came: closed, and the idle ones go too.
-            second.set_open(open);
+            // A call under way (`open`: its connection lent) when the failure came: the idle ones go too.
+            if open {
+                let _lent: &mut sqlx::SqliteConnection = &mut second;
+            }
             assert!(second.check(io_error()).is_err());
             drop(second);
             assert_eq!(idle(&held), 0, "open: {open}");
@@ -233,7 +236,7 @@ mod tests {
         let held = Held::new(pool.clone(), 3);
         let (first, mut second) = (held.get().await.unwrap(), held.get().await.unwrap());
         drop(first);
-        second.set_open(true);
+        let _lent: &mut sqlx::SqliteConnection = &mut second;
         drop(second);
         assert_eq!(idle(&held), 1);
         // Closed in the background.

@@ -309,8 +309,8 @@ pub trait Store: sealed::Sealed + Clone + Send + Sync + 'static {
         async { Ok(None) }
     }
 
-    /// The group commit's batches sent so far and the commits they held (Postgres; `(0, 0)` elsewhere and for
-    /// commits sent alone).
+    /// The group commit's batches sent so far and the commits they answered (Postgres; `(0, 0)` elsewhere; a
+    /// commit sent alone, or that left its batch to run alone, is not counted).
     fn group_commit_counts(&self) -> (u64, u64) {
         (0, 0)
     }

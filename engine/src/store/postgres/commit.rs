@@ -5,7 +5,8 @@ use std::sync::LazyLock;
 
 use sqlx::Row;
 
-use super::rows::{self, PgQuery};
+use super::args::{Bind, Texts};
+use super::rows;
 use super::{NOTIFY_CHANNEL, PgStore, group};
 use crate::error::Result;
 use crate::phase::{PhaseCommit, PhaseRow, SqlArg};
@@ -38,7 +39,7 @@ fn checkpoint_parts(c: &Checkpoint<'_>, first: usize) -> (Vec<String>, usize) {
 }
 
 /// Binds a checkpoint for [`checkpoint_parts`].
-fn bind_checkpoint<'q>(q: PgQuery<'q>, c: &Checkpoint<'_>) -> Result<PgQuery<'q>> {
+fn bind_checkpoint<B: Bind>(q: B, c: &Checkpoint<'_>) -> Result<B> {
     let comps = c.compensations.map(compensations::encode).transpose()?;
     Ok(match c.workflow {
         WorkflowWrite::Insert(row) => {
@@ -109,30 +110,43 @@ fn phase_values(rows: &[PhaseRow<'_>], next: &mut usize) -> String {
 
 /// Binds a one-statement commit: the phase's arguments, the checkpoint, the workflow id and the phase's `now`,
 /// then each step row's parameters (see [`phase_values`]).
-fn bind_statement<'q>(
-    q: PgQuery<'q>,
+fn bind_statement<B: Bind>(
+    q: B,
     checkpoint: &Checkpoint<'_>,
     phase: Option<PhaseCommit<'_>>,
-) -> Result<PgQuery<'q>> {
+    notify: bool,
+) -> Result<B> {
     let mut q = q;
     for arg in phase.map_or(&[][..], |p| &p.phase.args[..]) {
         q = match arg {
-            SqlArg::Text(t) => q.bind(t),
-            SqlArg::Int(i) => q.bind(*i),
+            SqlArg::Text(t) => q.arg(t),
+            SqlArg::Int(i) => q.arg(*i),
         };
     }
     let mut q = bind_checkpoint(q, checkpoint)?;
-    q = q.bind(checkpoint.workflow_id()).bind(phase.map_or(0, |p| p.now));
+    q = q.arg(checkpoint.workflow_id()).arg(phase.map_or(0, |p| p.now));
     for r in phase.map_or(&[][..], |p| p.rows) {
-        q = q.bind(&r.key).bind(r.name).bind(r.kind).bind(r.status).bind(r.attempts).bind(r.finished).bind(r.seq);
+        q = q.arg(&r.key).arg(r.name).arg(r.kind).arg(r.status).arg(r.attempts).arg(r.finished).arg(r.seq);
+    }
+    if notify {
+        q = q.arg(NOTIFY_CHANNEL);
     }
     Ok(q)
+}
+
+/// How a one-statement commit answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Form {
+    /// One column per check and output, sent alone.
+    Alone,
+    /// The same columns as one `text[]`, as a member of a group commit's batch (`group.rs`).
+    Batched,
 }
 
 /// The one-statement commit's SQL (see [`commit_in_one_call`]): the phase's CTEs, the bookkeeping's CTEs, the
 /// phase's step rows, and a final `SELECT` of the checks, then the notification's count (`notify`), then the
 /// phase's outputs. It depends on the phase's text and the checkpoint's form only (see `shapes.rs`).
-fn statement_sql(checkpoint: &Checkpoint<'_>, phase: Option<PhaseCommit<'_>>, notify: bool) -> String {
+fn statement_sql(checkpoint: &Checkpoint<'_>, phase: Option<PhaseCommit<'_>>, notify: bool, form: Form) -> String {
     let args = phase.map_or(0, |p| p.phase.args.len());
     let (parts, mut next) = checkpoint_parts(checkpoint, args + 1);
     // The phase's CTEs are shared text, the bookkeeping's are this commit's.
@@ -178,18 +192,27 @@ fn statement_sql(checkpoint: &Checkpoint<'_>, phase: Option<PhaseCommit<'_>>, no
     let guard = phase.and_then(|p| p.phase.guard.as_ref()).map_or("TRUE", |(g, _)| &**g);
     let shared = phase.map_or(&[][..], |p| &p.phase.ctes[..]);
     let all: Vec<&str> = shared.iter().chain(&ctes).map(String::as_str).collect();
-    let mut sql = format!(
-        "WITH {} SELECT onceflow_check({held}, '{code}'), onceflow_check({guard}, '{}')",
-        all.join(", "),
-        common::CHECK_GUARD
-    );
+    let mut columns = vec![
+        format!("onceflow_check({held}, '{code}')"),
+        format!("onceflow_check({guard}, '{}')", common::CHECK_GUARD),
+    ];
     if notify {
-        sql.push_str(", (SELECT count(*) FROM n)");
+        columns.push("(SELECT count(*) FROM n)".to_owned());
     }
-    if !outputs.is_empty() {
-        sql.push_str(&format!(", o.* FROM (SELECT {} FROM ws) o", outputs.join(", ")));
-    }
-    sql
+    let from = (!outputs.is_empty()).then(|| {
+        let named: Vec<String> = outputs.iter().enumerate().map(|(i, o)| format!("{o} AS o{i}")).collect();
+        format!(" FROM (SELECT {} FROM ws) o", named.join(", "))
+    });
+    columns.extend((0..outputs.len()).map(|i| format!("o.o{i}")));
+    let select = match form {
+        Form::Alone => columns.join(", "),
+        // One `text[]`, as `onceflow_batch` takes every member's answer (each column's text, in the same order).
+        Form::Batched => {
+            let texts: Vec<String> = columns.iter().map(|c| format!("({c})::text")).collect();
+            format!("ARRAY[{}]", texts.join(", "))
+        }
+    };
+    format!("WITH {} SELECT {select}{}", all.join(", "), from.unwrap_or_default())
 }
 
 /// [`Store::commit_in_one_call`] on Postgres: one statement in autocommit ([`statement_sql`], built once per
@@ -203,23 +226,25 @@ pub(super) async fn commit_in_one_call(
 ) -> Result<Option<Committed>> {
     let notify = finished && !checkpoint.is_first();
     static STATEMENTS: LazyLock<Statements> = LazyLock::new(Statements::default);
-    let sql = shapes::statement(&STATEMENTS, checkpoint, phase, notify, || statement_sql(checkpoint, phase, notify));
-    let rows = phase.map_or(&[][..], |p| p.rows);
-    let mut q = bind_statement(sqlx::query(sqlx::AssertSqlSafe(sql)), checkpoint, phase)?;
-    if notify {
-        q = q.bind(NOTIFY_CHANNEL);
-    }
-    let row = match group::commit(store, group::Statement::of(q)?).await? {
-        Ok(row) => row,
-        Err(sqlx::Error::Database(e)) => {
-            return match e.code().as_deref().and_then(common::checked) {
-                Some(outcome) => Ok(Some(outcome)),
-                None => Err(sqlx::Error::Database(e).into()),
-            };
+    let sql = shapes::statement(&STATEMENTS, checkpoint, phase, notify, || {
+        statement_sql(checkpoint, phase, notify, Form::Alone)
+    });
+    let q = bind_statement(sqlx::query(sqlx::AssertSqlSafe(sql)), checkpoint, phase, notify)?;
+    // Its form as a member of a batch, when the store batches commits.
+    let batched = match store.group {
+        Some(_) => {
+            static BATCHED: LazyLock<Statements> = LazyLock::new(Statements::default);
+            let sql = shapes::statement(&BATCHED, checkpoint, phase, notify, || {
+                statement_sql(checkpoint, phase, notify, Form::Batched)
+            });
+            Some(group::Batched { sql, args: bind_statement(Texts::default(), checkpoint, phase, notify)? })
         }
-        Err(e) => return Err(e.into()),
+        None => None,
     };
-    let first = if notify { 3 } else { 2 };
-    let outputs = common::read_outputs(&row, first, rows.len())?;
-    Ok(Some(Committed::Done { notify: false, outputs }))
+    // The outputs follow the two checks and the notification's count.
+    let outputs = (if notify { 3 } else { 2 }, phase.map_or(0, |p| p.rows.len()));
+    Ok(Some(match group::commit(store, group::Statement::new(q, outputs, batched)?).await? {
+        Ok(outputs) => Committed::Done { notify: false, outputs },
+        Err(refused) => refused,
+    }))
 }

@@ -1,66 +1,86 @@
 //! Group commit on Postgres: one-statement commits of different workflows that arrive while every commit slot
-//! is busy are gathered and sent together, in one transaction, each under a savepoint of its own.
+//! is busy are gathered and sent together, as one call that runs them in one transaction, each in a
+//! subtransaction of its own.
 //!
 //! A commit takes a free slot and runs alone at once, as before (a lone payment never waits for company).
 //! Commits that find every slot busy queue; the slot that frees first takes the queue (up to a batch) and sends
-//! it as `BEGIN`, then per member a savepoint and its statement, then one `COMMIT`: one WAL flush and one commit
-//! for the batch instead of one per payment. The gathering window is thus the time the slots are busy, never a
-//! timer.
+//! it as one call of `onceflow_batch` (migration 0059) in autocommit: one round trip, one commit and one WAL
+//! flush for the batch instead of one each. The gathering window is thus the time the slots are busy, never a
+//! timer. The function runs each member's statement as a prepared statement of the session (prepared from the
+//! text the call carries, the first time), its arguments passed as text (`args.rs`) and converted there to the
+//! types sqlx would have sent; each member's statement answers its columns as one `text[]` (`commit.rs`).
 //!
 //! Each member's statement carries its own fence (lease epoch), guards and unique keys, checked by its own
-//! `onceflow_check` calls. A member whose statement raises — a check, a duplicate, a lock it waited for too long
-//! (the batch sets a short `lock_timeout`, so that a member waiting on another transaction cannot hold the
-//! batch), any database error — is rolled back to its savepoint: nothing of it stays, the others go on. A check's
-//! outcome is the member's answer once the batch has committed (what it saw is then what is committed); any other
-//! error is answered by running the member again alone after the batch, exactly as it would have run without
-//! batching. Answers are given only after the `COMMIT`: if the batch cannot begin or its `COMMIT` is refused, every
-//! member runs alone; if the connection fails once the `COMMIT` was sent, whether it committed is unknown, and
-//! every member gets the error a lone commit would have had (the engine treats it as such).
+//! `onceflow_check` calls. A member whose statement raises — a check, a lock it waited for too long (the function
+//! sets a short `lock_timeout`, so that a member waiting on another transaction cannot hold the batch), any
+//! database error — is rolled back alone: nothing of it stays, the others go on. A check's outcome is the
+//! member's answer once the batch has committed (what it saw is then what is committed); any other error is
+//! answered by running the member again alone after the batch, exactly as it would have run without batching.
+//! Answers are given only after the commit: if the call is refused (an ERROR rolls its transaction back), every
+//! member runs alone; if the connection fails once the call was sent, or the server ends the session, whether it
+//! committed is unknown, and every member gets the error a lone commit would have had (the engine treats it as
+//! such).
+//!
+//! The prepared statements are named after their text and the connection's plan generation
+//! (`Writer::plans`): when the held connection's statements are planned again (`held.rs`), the function drops
+//! the older generation's as it prepares the new one's.
 
 use std::collections::VecDeque;
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use sqlx::postgres::{PgArguments, PgRow};
-use sqlx::{Executor, SqlStr};
+use sqlx::{Row, SqlStr};
 use tokio::sync::oneshot;
 
 use super::PgStore;
+use super::args::Texts;
 use crate::error::Result;
-use crate::store::{Store, common};
+use crate::store::{Committed, Store, common};
 
-/// The most members of a batch: each savepoint that writes takes a subtransaction id, and past 64 of them in one
+/// The most members of a batch: each member that writes takes a subtransaction id, and past 64 of them in one
 /// transaction Postgres's snapshots slow down for every session.
 const _: () = assert!(super::MAX_BATCH < 64);
 
-/// How long a batch member waits for a row lock before it leaves the batch to run alone.
-const LOCK_TIMEOUT: &str = "SET LOCAL lock_timeout = '20ms'";
+/// A commit's answer: its phase's outputs, or the outcome of the check of its that refused it (OF001–OF003). Any
+/// other error is the `Err` around it.
+pub(super) type Answer = std::result::Result<Vec<Option<String>>, Committed>;
 
-/// The statement result a commit gets back: its row, or the database's refusal.
-pub(super) type Answer = std::result::Result<PgRow, sqlx::Error>;
-
-/// One commit's statement: its SQL and arguments, prepared and cached per connection like any query.
+/// One commit's statement: its SQL and arguments, prepared and cached per connection like any query; where its
+/// answer's outputs are; and its form as a batch's member, when the store batches.
 pub(super) struct Statement {
     sql: SqlStr,
     args: PgArguments,
+    /// The outputs are `.1` columns from column `.0`.
+    outputs: (usize, usize),
+    batched: Option<Batched>,
+}
+
+/// A commit as a member of a batch: its statement answering one `text[]` (the same columns as text), and its
+/// arguments as text (see `args.rs`).
+pub(super) struct Batched {
+    pub(super) sql: Arc<str>,
+    pub(super) args: Texts,
 }
 
 impl Statement {
-    /// The statement of `query`, its arguments taken out.
-    pub(super) fn of(mut query: super::rows::PgQuery<'_>) -> Result<Self> {
+    /// The statement of `query`, its arguments taken out, whose answer holds `outputs.1` outputs from column
+    /// `outputs.0`; `batched`: its form in a batch (without one, it always runs alone).
+    pub(super) fn new(
+        mut query: super::rows::PgQuery<'_>,
+        outputs: (usize, usize),
+        batched: Option<Batched>,
+    ) -> Result<Self> {
         use sqlx::Execute;
         let args = query.take_arguments().map_err(sqlx::Error::Encode)?.unwrap_or_default();
-        Ok(Self { sql: query.sql(), args })
+        Ok(Self { sql: query.sql(), args, outputs, batched })
     }
 
     /// The query, to send once.
     fn into_query(self) -> super::rows::PgQuery<'static> {
         sqlx::query_with(self.sql, self.args)
-    }
-
-    /// The query, keeping the statement for another try (a batch may be sent twice, then a member alone).
-    fn query(&self) -> super::rows::PgQuery<'static> {
-        sqlx::query_with(self.sql.clone(), self.args.clone())
     }
 }
 
@@ -76,7 +96,7 @@ pub(super) struct GroupCommit {
     slots: usize,
     max_batch: usize,
     state: Mutex<State>,
-    /// Batches sent, and the commits they held.
+    /// Batches sent, and the commits they answered (not those that left them to run alone).
     batches: AtomicU64,
     members: AtomicU64,
 }
@@ -124,7 +144,7 @@ impl GroupCommit {
         }
     }
 
-    /// Batches sent so far, and the commits they held.
+    /// Batches sent so far, and the commits they answered.
     pub(super) fn counts(&self) -> (u64, u64) {
         (self.batches.load(Ordering::Relaxed), self.members.load(Ordering::Relaxed))
     }
@@ -171,11 +191,15 @@ fn poisoned() -> sqlx::Error {
 
 /// One statement in autocommit on a writer connection: the commit without batching.
 async fn alone(store: &PgStore, statement: Statement) -> Result<Answer> {
+    let (first, count) = statement.outputs;
     let mut conn = store.writer().await?;
     let row = statement.into_query().fetch_one(&mut *conn).await;
     match conn.check(row) {
-        Ok(row) => Ok(Ok(row)),
-        Err(e @ sqlx::Error::Database(_)) => Ok(Err(e)),
+        Ok(row) => Ok(Ok(common::read_outputs(&row, first, count)?)),
+        Err(sqlx::Error::Database(e)) => match e.code().as_deref().and_then(common::checked) {
+            Some(outcome) => Ok(Err(outcome)),
+            None => Err(sqlx::Error::Database(e).into()),
+        },
         Err(e) => Err(e.into()),
     }
 }
@@ -218,35 +242,31 @@ impl Drop for Draining {
 
 /// What became of a member in its batch.
 enum Outcome {
-    /// Its statement ran: its row, or the refusal of one of its checks (final once the batch commits).
-    Ran(Answer),
-    /// Its statement failed otherwise and was rolled back: it runs again alone.
+    /// Its statement ran: its answer, final once the batch has committed (or the error of a batch whose commit's
+    /// outcome is unknown).
+    Ran(Result<Answer>),
+    /// Its statement failed otherwise and was rolled back, or it has no batched form: it runs alone.
     Alone,
 }
 
-/// Sends `batch` in one transaction (see the module) and answers each member.
+/// Sends `batch` as one call of `onceflow_batch` (see the module) and answers each member.
 async fn batch_commit(store: &PgStore, batch: Vec<Member>) {
-    if let Some(group) = &store.group {
-        group.batches.fetch_add(1, Ordering::Relaxed);
-        group.members.fetch_add(batch.len() as u64, Ordering::Relaxed);
-    }
-    // First as it is, without savepoints (one round trip per member); if a member fails, the batch is rolled
-    // back and sent again with each member under a savepoint, where it is rolled back alone.
-    let outcomes = match in_one_transaction(store, &batch, false).await {
-        Ok(outcomes) => Ok(outcomes),
-        Err(Unsent) => in_one_transaction(store, &batch, true).await,
-    };
-    let outcomes = match outcomes {
+    let outcomes = match in_one_call(store, &batch).await {
         Ok(outcomes) => outcomes,
         // Nothing was committed: every member runs alone.
         Err(Unsent) => batch.iter().map(|_| Outcome::Alone).collect(),
     };
+    if let Some(group) = &store.group {
+        let answered = outcomes.iter().filter(|o| matches!(o, Outcome::Ran(_))).count();
+        group.batches.fetch_add(1, Ordering::Relaxed);
+        group.members.fetch_add(answered as u64, Ordering::Relaxed);
+    }
     // The members whose outcome is known are answered first; each of the others runs alone in a task of its own,
     // so that one waiting for a row lock (why most leave a batch) holds neither the slot nor the rest.
     for (m, outcome) in batch.into_iter().zip(outcomes) {
         match outcome {
             Outcome::Ran(answer) => {
-                let _ = m.reply.send(Ok(answer));
+                let _ = m.reply.send(answer);
             }
             Outcome::Alone => {
                 let store = store.clone();
@@ -262,70 +282,122 @@ async fn batch_commit(store: &PgStore, batch: Vec<Member>) {
 /// The batch did not commit, surely: nothing of it is in the database.
 struct Unsent;
 
-/// The batch's transaction: each member's outcome once committed; `Err(Unsent)` when it surely did not commit;
-/// every member that ran answered an error when the `COMMIT`'s outcome is unknown.
-///
-/// Without `savepoints`, a member that fails rolls the whole batch back (`Err(Unsent)`).
-async fn in_one_transaction(
-    store: &PgStore,
-    batch: &[Member],
-    savepoints: bool,
-) -> std::result::Result<Vec<Outcome>, Unsent> {
+/// The arguments of one `onceflow_batch` call: each distinct statement once (its name and `PREPARE` text),
+/// each member's statement (1-based) and arguments.
+#[derive(Default)]
+struct Call {
+    names: Vec<String>,
+    decls: Vec<String>,
+    shape: Vec<i32>,
+    counts: Vec<i32>,
+    args: Vec<Option<String>>,
+}
+
+impl Call {
+    /// The call for the members of `batch` that have a batched form (the others are `None` in the returned
+    /// list, in `batch`'s order; the rest are `Some` of their place in the call), under plan generation
+    /// `generation`.
+    fn of(batch: &[Member], generation: u64) -> (Self, Vec<Option<usize>>) {
+        let mut call = Self::default();
+        let mut places = Vec::with_capacity(batch.len());
+        for m in batch {
+            let Some(b) = &m.statement.batched else {
+                places.push(None);
+                continue;
+            };
+            let decl = format!("({}) AS {}", b.args.types.join(", "), b.sql);
+            let mut hasher = std::hash::DefaultHasher::new();
+            decl.hash(&mut hasher);
+            let name = format!("onceflow_b{generation}_{:016x}", hasher.finish());
+            let shape = match call.names.iter().position(|n| *n == name) {
+                Some(i) => i,
+                None => {
+                    call.names.push(name);
+                    call.decls.push(decl);
+                    call.names.len() - 1
+                }
+            };
+            places.push(Some(call.shape.len()));
+            call.shape.push(i32::try_from(shape + 1).unwrap_or(i32::MAX));
+            call.counts.push(i32::try_from(b.args.values.len()).unwrap_or(i32::MAX));
+            call.args.extend(b.args.values.iter().cloned());
+        }
+        (call, places)
+    }
+}
+
+/// The batch as one call of `onceflow_batch` in autocommit: one round trip and one commit. Each member's
+/// outcome once committed; `Err(Unsent)` when it surely did not commit; every member that ran answered an error
+/// when the commit's outcome is unknown.
+async fn in_one_call(store: &PgStore, batch: &[Member]) -> std::result::Result<Vec<Outcome>, Unsent> {
     let mut conn = store.writer().await.map_err(|_| Unsent)?;
-    // A dropped batch (the runtime shutting down) closes the connection, which rolls the transaction back.
-    conn.set_open(true);
-    let begun = conn.execute(sqlx::raw_sql(sqlx::AssertSqlSafe(format!("BEGIN; {LOCK_TIMEOUT}")))).await;
-    if conn.check(begun).is_err() {
+    let generation = conn.plans();
+    let (call, places) = Call::of(batch, generation);
+    if call.shape.is_empty() {
         return Err(Unsent);
     }
-    let mut outcomes = Vec::with_capacity(batch.len());
-    for m in batch {
-        if savepoints {
-            let saved = conn.execute("SAVEPOINT member").await;
-            conn.check(saved).map_err(|_| Unsent)?;
+    let rows = sqlx::query("SELECT code, result FROM onceflow_batch($1, $2, $3, $4, $5, $6)")
+        .bind(generation.to_string())
+        .bind(&call.names)
+        .bind(&call.decls)
+        .bind(&call.shape)
+        .bind(&call.counts)
+        .bind(&call.args)
+        .fetch_all(&mut *conn)
+        .await;
+    // An error rolled the call back (the statement's transaction), unless the server ended the session.
+    let rows = match conn.check(rows) {
+        Ok(rows) => rows,
+        Err(sqlx::Error::Database(e)) if !after_commit(&*e) => return Err(Unsent),
+        Err(e) => return Ok(lost(&places, &e)),
+    };
+    Ok(batch
+        .iter()
+        .zip(&places)
+        .map(|(m, place)| match place {
+            Some(i) => match rows.get(*i) {
+                Some(row) => answer_of(row, m.statement.outputs),
+                // Never (the function answers each member): its commit's outcome is not known.
+                None => lost_answer("the batch did not answer it"),
+            },
+            None => Outcome::Alone,
+        })
+        .collect())
+}
+
+/// The outcomes when the batch's commit is not known to have happened or not (the connection failed once the
+/// call was sent, or the server ended the session): each member that was in it has a lone commit's lost answer.
+fn lost(places: &[Option<usize>], e: &sqlx::Error) -> Vec<Outcome> {
+    places.iter().map(|place| if place.is_some() { lost_answer(&e.to_string()) } else { Outcome::Alone }).collect()
+}
+
+fn lost_answer(why: &str) -> Outcome {
+    Outcome::Ran(Err(sqlx::Error::Protocol(format!("the batch's commit got no answer: {why}")).into()))
+}
+
+/// A member's outcome from its row of `onceflow_batch`: its outputs (`outputs.1` of them from place
+/// `outputs.0`), a check's refusal, or any other error (it runs alone).
+fn answer_of(row: &PgRow, (first, count): (usize, usize)) -> Outcome {
+    let code: Option<String> = row.try_get(0).unwrap_or(None);
+    let result: Option<Vec<Option<String>>> = row.try_get(1).unwrap_or(None);
+    match (code, result) {
+        (Some(code), _) => match common::checked(&code) {
+            Some(outcome) => Outcome::Ran(Ok(Err(outcome))),
+            None => Outcome::Alone,
+        },
+        (None, Some(columns)) if columns.len() >= first + count => {
+            Outcome::Ran(Ok(Ok(columns.into_iter().skip(first).take(count).collect())))
         }
-        let row = m.statement.query().fetch_one(&mut *conn).await;
-        let outcome = match conn.check(row) {
-            Ok(row) => Outcome::Ran(Ok(row)),
-            Err(sqlx::Error::Database(_)) if !savepoints => {
-                let back = conn.execute("ROLLBACK").await;
-                if conn.check(back).is_ok() {
-                    conn.set_open(false);
-                }
-                return Err(Unsent);
-            }
-            Err(sqlx::Error::Database(e)) => {
-                let back = conn.execute("ROLLBACK TO SAVEPOINT member").await;
-                conn.check(back).map_err(|_| Unsent)?;
-                match e.code().as_deref().and_then(common::checked) {
-                    Some(_) => Outcome::Ran(Err(sqlx::Error::Database(e))),
-                    None => Outcome::Alone,
-                }
-            }
-            // The connection failed before the `COMMIT`: the server rolls the transaction back.
-            Err(_) => return Err(Unsent),
-        };
-        outcomes.push(outcome);
+        (None, _) => Outcome::Alone,
     }
-    // The `COMMIT` without the batch's lock timeout: Postgres takes a lock to queue the members' notifications
-    // at commit, which must not time out the whole batch.
-    let committed = conn.execute(sqlx::raw_sql("SET LOCAL lock_timeout = 0; COMMIT")).await;
-    match conn.check(committed) {
-        Ok(_) => {
-            conn.set_open(false);
-            Ok(outcomes)
-        }
-        // Whether it committed is unknown (a refusal at `COMMIT` is no proof: a server shutting down answers
-        // FATAL after the commit record may be written), and the connection is closed: every member that ran
-        // has a lone commit's lost answer; one rolled back to its savepoint runs alone.
-        Err(e) => Ok(outcomes
-            .into_iter()
-            .map(|outcome| match outcome {
-                Outcome::Ran(_) => {
-                    Outcome::Ran(Err(sqlx::Error::Protocol(format!("the batch's COMMIT got no answer: {e}"))))
-                }
-                Outcome::Alone => Outcome::Alone,
-            })
-            .collect()),
+}
+
+/// Whether a database error may have come after the commit: a session ended by the server (FATAL, PANIC) may
+/// have written the commit record first; an ERROR rolled the transaction back.
+fn after_commit(e: &(dyn sqlx::error::DatabaseError + 'static)) -> bool {
+    use sqlx::postgres::{PgDatabaseError, PgSeverity};
+    match e.try_downcast_ref::<PgDatabaseError>() {
+        Some(pg) => matches!(pg.severity(), PgSeverity::Fatal | PgSeverity::Panic),
+        None => true,
     }
 }

@@ -19,6 +19,7 @@ use super::{
 use crate::error::Result;
 use crate::phase::PhaseCommit;
 
+mod args;
 mod audit;
 mod commit;
 mod gc;

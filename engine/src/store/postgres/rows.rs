@@ -6,6 +6,7 @@ use sqlx::Postgres;
 use sqlx::postgres::PgArguments;
 
 use super::super::{StepRecord, WorkflowRecord, WorkflowUpdate, common};
+use super::args::Bind;
 
 /// A query on Postgres, as the binders take and return it.
 pub(super) type PgQuery<'q> = sqlx::query::Query<'q, Postgres, PgArguments>;
@@ -36,25 +37,25 @@ pub(super) fn insert_workflow_sql(first: usize) -> String {
 
 /// Binds `wf` and its stored compensation list `comps` for [`insert_workflow_sql`]; `by_database`: its lease is
 /// moved onto the database's clock.
-pub(super) fn bind_workflow<'q>(q: PgQuery<'q>, wf: &WorkflowRecord, comps: String, by_database: bool) -> PgQuery<'q> {
-    q.bind(&wf.workflow_id)
-        .bind(&wf.name)
-        .bind(&wf.input)
-        .bind(&wf.input_hash)
-        .bind(wf.state)
-        .bind(&wf.output)
-        .bind(&wf.error)
-        .bind(&wf.lease_owner)
-        .bind(wf.lease_expires_at)
-        .bind(wf.lease_epoch)
-        .bind(wf.next_attempt_at)
-        .bind(wf.notify)
-        .bind(wf.created_at)
-        .bind(wf.updated_at)
-        .bind(comps)
-        .bind(&wf.tenant)
-        .bind(&wf.trace)
-        .bind(by_database)
+pub(super) fn bind_workflow<B: Bind>(q: B, wf: &WorkflowRecord, comps: String, by_database: bool) -> B {
+    q.arg(&wf.workflow_id)
+        .arg(&wf.name)
+        .arg(&wf.input)
+        .arg(&wf.input_hash)
+        .arg(wf.state)
+        .arg(&wf.output)
+        .arg(&wf.error)
+        .arg(&wf.lease_owner)
+        .arg(wf.lease_expires_at)
+        .arg(wf.lease_epoch)
+        .arg(wf.next_attempt_at)
+        .arg(wf.notify)
+        .arg(wf.created_at)
+        .arg(wf.updated_at)
+        .arg(comps)
+        .arg(&wf.tenant)
+        .arg(&wf.trace)
+        .arg(by_database)
 }
 
 /// `workflow_steps` with its columns, in the order [`bind_steps`] binds them.
@@ -84,20 +85,20 @@ pub(super) fn write_steps_sql(rows: usize, first: usize, after: Option<&str>) ->
 }
 
 /// Binds `steps` for [`write_steps_sql`].
-pub(super) fn bind_steps<'q>(mut q: PgQuery<'q>, steps: &[StepRecord]) -> PgQuery<'q> {
+pub(super) fn bind_steps<B: Bind>(mut q: B, steps: &[StepRecord]) -> B {
     for s in steps {
         q = q
-            .bind(&s.workflow_id)
-            .bind(&s.step_key)
-            .bind(&s.step_name)
-            .bind(s.kind)
-            .bind(s.status)
-            .bind(s.attempts)
-            .bind(&s.output)
-            .bind(&s.error)
-            .bind(s.started_at)
-            .bind(s.finished_at)
-            .bind(s.seq);
+            .arg(&s.workflow_id)
+            .arg(&s.step_key)
+            .arg(&s.step_name)
+            .arg(s.kind)
+            .arg(s.status)
+            .arg(s.attempts)
+            .arg(&s.output)
+            .arg(&s.error)
+            .arg(s.started_at)
+            .arg(s.finished_at)
+            .arg(s.seq);
     }
     q
 }
@@ -128,22 +129,22 @@ pub(super) fn fence_sql(first: usize) -> String {
 }
 
 /// Binds a fence for [`fence_sql`]; `comps` is the new compensation list as stored, if it changes.
-pub(super) fn bind_fence<'q>(
-    q: PgQuery<'q>,
+pub(super) fn bind_fence<B: Bind>(
+    q: B,
     workflow_id: &str,
     epoch: i64,
     update: &WorkflowUpdate,
     now: i64,
     comps: Option<String>,
-) -> PgQuery<'q> {
-    q.bind(workflow_id)
-        .bind(epoch)
-        .bind(update.state)
-        .bind(&update.output)
-        .bind(&update.error)
-        .bind(update.release_until)
-        .bind(now)
-        .bind(comps)
+) -> B {
+    q.arg(workflow_id)
+        .arg(epoch)
+        .arg(update.state)
+        .arg(&update.output)
+        .arg(&update.error)
+        .arg(update.release_until)
+        .arg(now)
+        .arg(comps)
 }
 
 #[cfg(test)]
