@@ -397,7 +397,7 @@ fn group_commit_figures((batches, members): (u64, u64)) -> String {
     format!(
         "# HELP onceflow_commit_batches_total Batches of commits sent in one transaction (group commit)\n\
          # TYPE onceflow_commit_batches_total counter\nonceflow_commit_batches_total {batches}\n\
-         # HELP onceflow_commit_batched_total Commits sent in a batch (the rest went alone)\n\
+         # HELP onceflow_commit_batched_total Commits answered by a batch (the rest went alone)\n\
          # TYPE onceflow_commit_batched_total counter\nonceflow_commit_batched_total {members}\n"
     )
 }

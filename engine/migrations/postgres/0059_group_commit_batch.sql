@@ -4,7 +4,8 @@
 -- `decls[shape[k]]`, "(types) AS statement", the first time this session runs it), executed with its arguments
 -- `args[...]` (its `counts[k]` values, after the members before it), passed as text and quoted here. A member
 -- whose statement raises — one of its checks (OF001–OF003), a lock it waited for too long, any error — is rolled
--- back alone and answered its SQLSTATE; the others go on. The statements answer one text[] each.
+-- back alone and answered its SQLSTATE; the others go on. The statements answer one text[] each; each member's
+-- row carries its place in the call (from 1).
 --
 -- The members' statements are planned with sequential scans turned off: a statement's generic plan, made on its
 -- sixth run, lasts as long as the session, and one made while a table was nearly empty (a fresh database: the
@@ -17,7 +18,7 @@
 -- plans the caller wants made again on the tables as they are now) are dropped when a statement of this one is
 -- prepared.
 CREATE FUNCTION onceflow_batch(generation text, names text[], decls text[], shape int[], counts int[], args text[])
-RETURNS TABLE (code text, result text[])
+RETURNS TABLE (member int, code text, result text[])
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     waits text := current_setting('lock_timeout');
@@ -40,6 +41,7 @@ BEGIN
         END LOOP;
         call := call || ')';
         done := done + counts[k];
+        member := k;
         code := NULL;
         result := NULL;
         -- Twice at most: the second time after preparing the statement this session did not have.

@@ -230,20 +230,17 @@ pub(super) async fn commit_in_one_call(
         statement_sql(checkpoint, phase, notify, Form::Alone)
     });
     let q = bind_statement(sqlx::query(sqlx::AssertSqlSafe(sql)), checkpoint, phase, notify)?;
-    // Its form as a member of a batch, when the store batches commits.
-    let batched = match store.group {
-        Some(_) => {
-            static BATCHED: LazyLock<Statements> = LazyLock::new(Statements::default);
-            let sql = shapes::statement(&BATCHED, checkpoint, phase, notify, || {
-                statement_sql(checkpoint, phase, notify, Form::Batched)
-            });
-            Some(group::Batched { sql, args: bind_statement(Texts::default(), checkpoint, phase, notify)? })
-        }
-        None => None,
+    // Its form as a member of a batch, made only if it queues for one.
+    let batched = || {
+        static BATCHED: LazyLock<Statements> = LazyLock::new(Statements::default);
+        let sql = shapes::statement(&BATCHED, checkpoint, phase, notify, || {
+            statement_sql(checkpoint, phase, notify, Form::Batched)
+        });
+        Ok(group::Batched { sql, args: bind_statement(Texts::default(), checkpoint, phase, notify)? })
     };
     // The outputs follow the two checks and the notification's count.
     let outputs = (if notify { 3 } else { 2 }, phase.map_or(0, |p| p.rows.len()));
-    Ok(Some(match group::commit(store, group::Statement::new(q, outputs, batched)?).await? {
+    Ok(Some(match group::commit(store, group::Statement::new(q, outputs)?, batched).await? {
         Ok(outputs) => Committed::Done { notify: false, outputs },
         Err(refused) => refused,
     }))

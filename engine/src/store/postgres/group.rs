@@ -49,7 +49,7 @@ const _: () = assert!(super::MAX_BATCH < 64);
 pub(super) type Answer = std::result::Result<Vec<Option<String>>, Committed>;
 
 /// One commit's statement: its SQL and arguments, prepared and cached per connection like any query; where its
-/// answer's outputs are; and its form as a batch's member, when the store batches.
+/// answer's outputs are; and, once it queues, its form as a batch's member.
 pub(super) struct Statement {
     sql: SqlStr,
     args: PgArguments,
@@ -67,15 +67,11 @@ pub(super) struct Batched {
 
 impl Statement {
     /// The statement of `query`, its arguments taken out, whose answer holds `outputs.1` outputs from column
-    /// `outputs.0`; `batched`: its form in a batch (without one, it always runs alone).
-    pub(super) fn new(
-        mut query: super::rows::PgQuery<'_>,
-        outputs: (usize, usize),
-        batched: Option<Batched>,
-    ) -> Result<Self> {
+    /// `outputs.0`.
+    pub(super) fn new(mut query: super::rows::PgQuery<'_>, outputs: (usize, usize)) -> Result<Self> {
         use sqlx::Execute;
         let args = query.take_arguments().map_err(sqlx::Error::Encode)?.unwrap_or_default();
-        Ok(Self { sql: query.sql(), args, outputs, batched })
+        Ok(Self { sql: query.sql(), args, outputs, batched: None })
     }
 
     /// The query, to send once.
@@ -161,18 +157,31 @@ impl GroupCommit {
     }
 }
 
-/// Runs `statement` as a commit of its own, or in a batch with others when every slot is busy.
-pub(super) async fn commit(store: &PgStore, statement: Statement) -> Result<Answer> {
+/// Runs `statement` as a commit of its own, or in a batch with others when every slot is busy; `batched` makes
+/// its form as a batch's member (only for a commit that queues: one that finds a slot free never needs it).
+pub(super) async fn commit(
+    store: &PgStore,
+    mut statement: Statement,
+    batched: impl FnOnce() -> Result<Batched>,
+) -> Result<Answer> {
     let Some(group) = store.group.as_ref() else { return alone(store, statement).await };
-    let waiting = {
-        let mut s = group.state.lock().map_err(|_| poisoned())?;
-        if s.busy < group.slots {
-            s.busy += 1;
-            Err(statement)
-        } else {
-            let (reply, answer) = oneshot::channel();
-            s.queue.push_back(Member { statement, reply });
-            Ok(answer)
+    let mut batched = Some(batched);
+    let waiting = loop {
+        {
+            let mut s = group.state.lock().map_err(|_| poisoned())?;
+            if s.busy < group.slots {
+                s.busy += 1;
+                break Err(statement);
+            }
+            if statement.batched.is_some() || batched.is_none() {
+                let (reply, answer) = oneshot::channel();
+                s.queue.push_back(Member { statement, reply });
+                break Ok(answer);
+            }
+        }
+        // It will queue: its batched form, made outside the lock, then the slots looked at again.
+        if let Some(make) = batched.take() {
+            statement.batched = Some(make()?);
         }
     };
     match waiting {
@@ -336,7 +345,7 @@ async fn in_one_call(store: &PgStore, batch: &[Member]) -> std::result::Result<V
     if call.shape.is_empty() {
         return Err(Unsent);
     }
-    let rows = sqlx::query("SELECT code, result FROM onceflow_batch($1, $2, $3, $4, $5, $6)")
+    let rows = sqlx::query("SELECT member, code, result FROM onceflow_batch($1, $2, $3, $4, $5, $6)")
         .bind(generation.to_string())
         .bind(&call.names)
         .bind(&call.decls)
@@ -351,13 +360,21 @@ async fn in_one_call(store: &PgStore, batch: &[Member]) -> std::result::Result<V
         Err(sqlx::Error::Database(e)) if !after_commit(&*e) => return Err(Unsent),
         Err(e) => return Ok(lost(&places, &e)),
     };
+    // Each row names its member's place in the call (never missing or out of order: the function answers each
+    // member in turn; a member without its row has a lost answer, its commit may stand).
+    let mut answered: Vec<Option<&PgRow>> = vec![None; call.shape.len()];
+    for row in &rows {
+        let place = row.try_get::<i32, _>(0).ok().and_then(|k| usize::try_from(k).ok()).and_then(|k| k.checked_sub(1));
+        if let Some(slot) = place.and_then(|i| answered.get_mut(i)) {
+            *slot = Some(row);
+        }
+    }
     Ok(batch
         .iter()
         .zip(&places)
         .map(|(m, place)| match place {
-            Some(i) => match rows.get(*i) {
+            Some(i) => match answered.get(*i).copied().flatten() {
                 Some(row) => answer_of(row, m.statement.outputs),
-                // Never (the function answers each member): its commit's outcome is not known.
                 None => lost_answer("the batch did not answer it"),
             },
             None => Outcome::Alone,
@@ -375,20 +392,24 @@ fn lost_answer(why: &str) -> Outcome {
     Outcome::Ran(Err(sqlx::Error::Protocol(format!("the batch's commit got no answer: {why}")).into()))
 }
 
+/// A member's columns as its statement answers them in a batch.
+type Columns = Vec<Option<String>>;
+
 /// A member's outcome from its row of `onceflow_batch`: its outputs (`outputs.1` of them from place
-/// `outputs.0`), a check's refusal, or any other error (it runs alone).
+/// `outputs.0`), a check's refusal, or, for any other error, running alone (its statement was rolled back). A
+/// row that cannot be read is a lost answer, never a reason to run it again: its commit may have stood.
 fn answer_of(row: &PgRow, (first, count): (usize, usize)) -> Outcome {
-    let code: Option<String> = row.try_get(0).unwrap_or(None);
-    let result: Option<Vec<Option<String>>> = row.try_get(1).unwrap_or(None);
-    match (code, result) {
-        (Some(code), _) => match common::checked(&code) {
+    let read = row.try_get::<Option<String>, _>(1).and_then(|code| Ok((code, row.try_get::<Option<Columns>, _>(2)?)));
+    match read {
+        Ok((Some(code), _)) => match common::checked(&code) {
             Some(outcome) => Outcome::Ran(Ok(Err(outcome))),
             None => Outcome::Alone,
         },
-        (None, Some(columns)) if columns.len() >= first + count => {
+        Ok((None, Some(columns))) if columns.len() >= first + count => {
             Outcome::Ran(Ok(Ok(columns.into_iter().skip(first).take(count).collect())))
         }
-        (None, _) => Outcome::Alone,
+        Ok((None, _)) => lost_answer("its statement answered no columns"),
+        Err(e) => lost_answer(&e.to_string()),
     }
 }
 
