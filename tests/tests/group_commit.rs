@@ -52,7 +52,7 @@ fn phase(id: &str, key: &str, guard: bool, plain: bool) -> StatementPhase {
     let conflict = if plain { "" } else { " ON CONFLICT DO NOTHING" };
     let cte = format!("k AS (INSERT INTO group_keys (k, workflow_id) VALUES ($1, $2){conflict} RETURNING 1)");
     let args = vec![SqlArg::Text(key.to_owned()), SqlArg::Text(id.to_owned())];
-    let steps = vec![PhaseStep::new(step("write"), "'\"written\"'")];
+    let steps = vec![PhaseStep::new(step("write"), WRITTEN)];
     let condition = if guard { "EXISTS (SELECT 1 FROM k)" } else { "FALSE" };
     StatementPhase::new(vec![cte], args, steps).guard(condition, Failure::new("taken", "the key is taken"))
 }
@@ -72,7 +72,7 @@ async fn run(store: &PgStore, commit: Commit) -> Result<Committed, String> {
             kind: StepKind::Transactional,
             status: StepStatus::Completed,
             attempts: 1,
-            output: "'\"written\"'",
+            output: WRITTEN,
             finished: true,
             when: None,
             seq: 1,
@@ -96,14 +96,22 @@ async fn run(store: &PgStore, commit: Commit) -> Result<Committed, String> {
     }
 }
 
-/// Done, with the phase's one output read back from the answer (the batched form's columns as the lone one's).
-fn written(outcome: &Result<Committed, String>) -> bool {
-    matches!(outcome, Ok(Committed::Done { outputs, .. }) if outputs[..] == [Some("\"written\"".to_owned())])
+/// The phase's one step's output: its workflow's id (the phase's `$2`) as a JSON string, so that an answer
+/// given to the wrong member shows.
+const WRITTEN: &str = "'\"' || $2 || '\"'";
+
+/// Done, with the phase's one output read back from the answer (the batched form's columns as the lone one's):
+/// the id of the workflow `id`.
+fn written(outcome: &Result<Committed, String>, id: &str) -> bool {
+    matches!(outcome, Ok(Committed::Done { outputs, .. }) if outputs[..] == [Some(format!("\"{id}\""))])
 }
 
 fn done(outcome: &Result<Committed, String>) -> bool {
     matches!(outcome, Ok(Committed::Done { .. }))
 }
+
+/// A business key that SQL quoting must get right.
+const QUOTED: &str = "a'b\\c\"é";
 
 #[tokio::test]
 async fn each_member_of_a_batch_gets_its_own_outcome() {
@@ -116,7 +124,8 @@ async fn each_member_of_a_batch_gets_its_own_outcome() {
     let before = store.group_commit_counts();
 
     let members = vec![
-        ("ok", Commit::Fence { id: "ok".into(), epoch: 1, key: Some("a".into()), guard: true }),
+        // A key with a quote, a backslash and a letter beyond ASCII: passed to the batch as text, quoted there.
+        ("ok", Commit::Fence { id: "ok".into(), epoch: 1, key: Some(QUOTED.into()), guard: true }),
         ("lost", Commit::Fence { id: "lost".into(), epoch: 1, key: Some("b".into()), guard: true }),
         ("guarded", Commit::Fence { id: "guarded".into(), epoch: 1, key: Some("c".into()), guard: false }),
         ("dup", Commit::Insert { id: "dup".into(), key: Some("d".into()) }),
@@ -147,11 +156,11 @@ async fn each_member_of_a_batch_gets_its_own_outcome() {
     // would have run alone, with the same outcomes, and none counted.
     assert_eq!(after.1 - before.1, 7, "the batch answered the queued commits: {before:?} → {after:?}");
 
-    assert!(written(&outcomes["ok"]), "{:?}", outcomes["ok"]);
+    assert!(written(&outcomes["ok"], "ok"), "{:?}", outcomes["ok"]);
     assert!(matches!(outcomes["lost"], Ok(Committed::LeaseLost)), "{:?}", outcomes["lost"]);
     assert!(matches!(outcomes["guarded"], Ok(Committed::GuardFailed)), "{:?}", outcomes["guarded"]);
     assert!(matches!(outcomes["dup"], Ok(Committed::Duplicate)), "{:?}", outcomes["dup"]);
-    assert!(written(&outcomes["new1"]), "{:?}", outcomes["new1"]);
+    assert!(written(&outcomes["new1"], "new1"), "{:?}", outcomes["new1"]);
     // The same key as new1, in the same batch: new1 took it, so new2's guard does not hold.
     assert!(matches!(outcomes["new2"], Ok(Committed::GuardFailed)), "{:?}", outcomes["new2"]);
     assert!(done(&outcomes["new3"]), "{:?}", outcomes["new3"]);
@@ -164,7 +173,7 @@ async fn each_member_of_a_batch_gets_its_own_outcome() {
     let keys: Vec<(String, String)> =
         sqlx::query_as("SELECT k, workflow_id FROM group_keys ORDER BY k").fetch_all(store.pool()).await.unwrap();
     let keys: Vec<(&str, &str)> = keys.iter().map(|(k, w)| (k.as_str(), w.as_str())).collect();
-    assert_eq!(keys, [("a", "ok"), ("plain-taken", "elsewhere"), ("same", "new1")]);
+    assert_eq!(keys, [(QUOTED, "ok"), ("plain-taken", "elsewhere"), ("same", "new1")]);
     let states: Vec<(String, String, i64)> =
         sqlx::query_as("SELECT workflow_id, state, lease_epoch FROM workflows ORDER BY workflow_id")
             .fetch_all(store.pool())
@@ -228,14 +237,14 @@ fn spawn_run(store: &PgStore, commit: Commit) -> tokio::task::JoinHandle<Result<
 async fn release_then_all_done(
     release: tokio::sync::oneshot::Sender<()>,
     blocked: tokio::task::JoinHandle<Result<Committed, String>>,
-    handles: impl IntoIterator<Item = tokio::task::JoinHandle<Result<Committed, String>>>,
+    handles: impl IntoIterator<Item = (&'static str, tokio::task::JoinHandle<Result<Committed, String>>)>,
 ) {
     tokio::time::sleep(Duration::from_millis(200)).await;
     let _ = release.send(());
     assert!(done(&blocked.await.unwrap()));
-    for handle in handles {
+    for (id, handle) in handles {
         let outcome = tokio::time::timeout(Duration::from_secs(20), handle).await.unwrap().unwrap();
-        assert!(written(&outcome), "{outcome:?}");
+        assert!(written(&outcome, id), "{id}: {outcome:?}");
     }
 }
 
@@ -284,7 +293,7 @@ async fn a_batch_of_successes_commits_once_and_a_locked_member_holds_up_no_one()
     // Eight successes queued behind the blocker: one batch, all answered by it and committed.
     let (release, blocked) = occupy_slot(&store, &url, "blocker").await;
     let before = store.group_commit_counts();
-    let handles = ["s1", "s2", "s3", "s4", "s5", "s6", "s7", "s8"].map(|id| spawn_run(&store, fence(id)));
+    let handles = ["s1", "s2", "s3", "s4", "s5", "s6", "s7", "s8"].map(|id| (id, spawn_run(&store, fence(id))));
     release_then_all_done(release, blocked, handles).await;
     let after = store.group_commit_counts();
     assert_eq!((after.0 - before.0, after.1 - before.1), (1, 8), "{before:?} → {after:?}");
@@ -300,7 +309,7 @@ async fn a_batch_of_successes_commits_once_and_a_locked_member_holds_up_no_one()
     let hold = hold_row(&url, "locked").await;
     let (release, blocked) = occupy_slot(&store, &url, "blocker2").await;
     let locked = spawn_run(&store, fence("locked"));
-    let handles = ["t1", "t2", "t3"].map(|id| spawn_run(&store, fence(id)));
+    let handles = ["t1", "t2", "t3"].map(|id| (id, spawn_run(&store, fence(id))));
     release_then_all_done(release, blocked, handles).await;
     // The slot is free again: a new commit goes through while the locked member still waits.
     let next = run(&store, Commit::Fence { id: "s1".into(), epoch: 1, key: None, guard: true }).await;
