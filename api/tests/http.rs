@@ -444,10 +444,26 @@ async fn openapi_describes_the_answers_of_operations() {
     conforms(&detail, documented(detail_schema));
     let step = resolve(&detail_schema["properties"]["steps"]["items"]);
     conforms(&detail["steps"][0], documented(&step));
+    // A completed payment keeps no compensations (none ran, none will); a declined one lists those it ran.
+    assert_eq!(detail["compensations"], json!([]));
+    let declines = start_declining().await;
+    declines.order("O-d", 1000).await;
+    declines.pay(&declines.token().await, pay_body("O-d", 1000)).await.assert_problem(402, "payment_declined");
+    let page = declines.get("/v1/workflows").await.json();
+    let id = page["workflows"][0]["workflow_id"].as_str().unwrap();
+    let detail = declines.get(&format!("/v1/workflows/{id}")).await.json();
     let compensation = resolve(&detail_schema["properties"]["compensations"]["items"]);
+    assert!(detail["compensations"].as_array().is_some_and(|c| !c.is_empty()), "{detail}");
     conforms(&detail["compensations"][0], documented(&compensation));
     let payments = app.get("/v1/payments?order_no=O-s").await.json();
     conforms(&payments, documented(&bodies[&("get", "/v1/payments")]));
+}
+
+/// An app on a fresh SQLite database whose channel declines every charge.
+async fn start_declining() -> App {
+    let url = database("sqlite").await.unwrap();
+    let declining = MockChannel::new(MockChannelConfig { decline_rate: 1.0, ..Default::default() });
+    start(&url, Arc::new(declining), Auth::SingleTenant).await
 }
 
 /// Storage going away answers `503 unavailable` with `Retry-After`, fast, with no internal text.

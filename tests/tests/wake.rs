@@ -160,9 +160,37 @@ async fn a_compensation_rolls_the_workflow_forward<S: TestDb>(store: S) {
     assert!(matches!(e.retry("k").await, Err(Error::InvalidState { .. })), "a completed workflow is not retried");
 }
 
+/// `a` (with compensation `undo`), then a body that rolls itself forward: completed with an exception.
+struct RollsOnInBody;
+
+impl<S: TestDb> Workflow<S> for RollsOnInBody {
+    const NAME: &'static str = "rolls_on_in_body";
+    type Input = ();
+    type Output = String;
+
+    async fn run(&self, ctx: &mut WorkflowContext<S>, (): ()) -> Result<String, Interrupt> {
+        let id = ctx.workflow_id().to_owned();
+        ctx.transactional(step("a").compensate_with("undo", "a"), effect_step::<S>(id, "a")).await?;
+        Err(Interrupt::RolledForward { output: json!("on"), exception: Failure::new("rolled", "the body says so") })
+    }
+}
+
+/// A workflow completed plainly keeps no compensations (none ran, none will: `engine.rs` checks it); one the
+/// body completed with an exception keeps its list for the operator, as one a compensation rolled forward does.
+async fn a_body_rolled_forward_keeps_its_compensations<S: TestDb>(store: S) {
+    let e = Engine::builder(store.clone()).register(RollsOnInBody).build();
+    e.start::<RollsOnInBody>("r", &()).await.unwrap();
+    assert_eq!(e.wait("r", Duration::from_secs(5)).await.unwrap(), Some(Outcome::Completed(json!("on"))));
+    let view = e.workflow("r").await.unwrap().unwrap();
+    assert_eq!(view.workflow.state, WorkflowState::Completed);
+    let statuses: Vec<_> = view.compensations.iter().map(|c| (c.name.as_str(), c.status)).collect();
+    assert_eq!(statuses, [("undo", CompensationStatus::Registered)]);
+}
+
 on_every_backend!(
     a_woken_workflow_runs_now,
     a_wake_cuts_a_runs_wait_short,
     a_wake_leaves_a_live_lease_alone,
     a_compensation_rolls_the_workflow_forward,
+    a_body_rolled_forward_keeps_its_compensations,
 );

@@ -69,10 +69,12 @@ impl<S: Store> WorkflowContext<S> {
                 WorkflowWrite::Fence(Fence { workflow_id: &self.run.workflow_id, epoch: self.run.epoch, update, now })
             }
         };
-        // A workflow that completes with none of its compensations run can never run them (only a failure or a
-        // cancel compensates, and a completed workflow has neither): its list is not kept. The completing commit
-        // writes the row again, so it would be stored twice — a payment's four cost ~380 bytes a version.
+        // A workflow that completes, plainly, with none of its compensations run can never run them (only a
+        // failure or a cancel compensates, and a completed workflow has neither): its list is not kept. The
+        // completing commit writes the row again, so it would be stored twice — a payment's four cost ~380
+        // bytes a version. One that completes with an exception (rolled forward) keeps it, for the operator.
         let never_run = update.state == Some(WorkflowState::Completed)
+            && update.error.is_none()
             && self.replay.comps.iter().all(|c| c.status == CompensationStatus::Registered);
         let compensations = if never_run {
             (!self.replay.committed_comps.is_empty()).then_some(&[][..])
