@@ -320,3 +320,48 @@ async fn a_batch_of_successes_commits_once_and_a_locked_member_holds_up_no_one()
     let outcome = tokio::time::timeout(Duration::from_secs(20), locked).await.unwrap().unwrap();
     assert!(done(&outcome), "{outcome:?}");
 }
+
+/// A held connection the server ended while it sat idle (a restart, `pg_terminate_backend`,
+/// `idle_session_timeout`) is pinged before it is lent again, and a connection that answers takes its place: the
+/// next commit, alone or a batch, is written and answered, not lost on the dead connection (where it would read
+/// the server's goodbye as its answer: a `FATAL` that may have come after a commit, so a lost answer for each
+/// member of a batch).
+#[tokio::test]
+async fn a_commit_after_the_server_ended_the_idle_connection_is_answered() {
+    let Some(url) = onceflow_tests::pg_url().await.unwrap() else { return };
+    let ids = ["warm1", "warm2", "alone", "blocker", "m1", "m2", "m3"];
+    let store = store_with(&url, &ids.map(|id| (id, 1))).await;
+    let fence = |id: &str| Commit::Fence { id: id.into(), epoch: 1, key: Some(format!("key-{id}")), guard: true };
+    // Two held connections, idle.
+    let (w1, w2) = (spawn_run(&store, fence("warm1")), spawn_run(&store, fence("warm2")));
+    assert!(written(&w1.await.unwrap(), "warm1") && written(&w2.await.unwrap(), "warm2"));
+
+    // The server ends every session of the database but this one, the held connections with the pool's.
+    // The sessions are listed first and ended one by one: in one statement, `pg_terminate_backend` could be
+    // called before the filter on the database (no order of evaluation), ending other tests' sessions.
+    let mut admin = sqlx::PgConnection::connect(&url).await.unwrap();
+    let pids: Vec<i32> = sqlx::query_scalar(
+        "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()",
+    )
+    .fetch_all(&mut admin)
+    .await
+    .unwrap();
+    assert!(pids.len() >= 2, "sessions: {pids:?}");
+    for pid in pids {
+        sqlx::query("SELECT pg_terminate_backend($1)").bind(pid).execute(&mut admin).await.unwrap();
+    }
+    tokio::time::sleep(onceflow_engine::store::PING_IDLE + Duration::from_millis(300)).await;
+    // The test's own reads go through the pool, whose idle connections are dead too: a failed call closes each.
+    for _ in 0..20 {
+        let _ = sqlx::query("SELECT 1").execute(store.pool()).await;
+    }
+
+    let alone = run(&store, fence("alone")).await;
+    assert!(written(&alone, "alone"), "{alone:?}");
+    let (release, blocked) = occupy_slot(&store, &url, "blocker").await;
+    let before = store.group_commit_counts();
+    let handles = ["m1", "m2", "m3"].map(|id| (id, spawn_run(&store, fence(id))));
+    release_then_all_done(release, blocked, handles).await;
+    let after = store.group_commit_counts();
+    assert_eq!((after.0 - before.0, after.1 - before.1), (1, 3), "{before:?} → {after:?}");
+}

@@ -14,6 +14,13 @@
 //! was) scans that table whole, and would go on scanning it as it grows to millions of rows. So a store may ask
 //! for its held connections' statements to be dropped and planned again as they age ([`Held::replan_after`]):
 //! after a first wait, then after each wait doubled, up to [`REPLAN_MAX`].
+//!
+//! A held connection may also have been ended by the server while it sat idle (a restart, `pg_terminate_backend`,
+//! `idle_session_timeout`): the call sent on it next reads the server's goodbye as its answer, and for a commit
+//! that is an answer lost (the error may have come after a commit), for each member of a group-commit batch. So a
+//! store may ask for a connection idle longer than a given time to be pinged before it is lent
+//! ([`Held::ping_after`]): one that does not answer goes back to the pool, whose ping on return closes it, and
+//! another is taken.
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -49,20 +56,31 @@ impl Replan {
     }
 }
 
+/// An idle held connection, with its next planning again and when it was given back.
+type Idle<DB> = (PoolConnection<DB>, Option<Replan>, Instant);
+
 /// Up to `max` connections taken from `pool` and kept for one-call writes.
 #[derive(Debug)]
 pub(crate) struct Held<DB: Database> {
     pool: sqlx::Pool<DB>,
-    idle: Mutex<Vec<(PoolConnection<DB>, Option<Replan>)>>,
+    idle: Mutex<Vec<Idle<DB>>>,
     permits: Semaphore,
     /// The first wait before a connection's statements are planned again; none: never.
     replan: Option<Duration>,
+    /// How long a connection may sit idle before it is pinged when taken; none: never pinged.
+    ping_after: Option<Duration>,
 }
 
 impl<DB: Database + HasStatementCache> Held<DB> {
     /// Holds up to `max` (at least one) of `pool`'s connections, taken as callers need them.
     pub(crate) fn new(pool: sqlx::Pool<DB>, max: usize) -> Self {
-        Self { pool, idle: Mutex::new(Vec::new()), permits: Semaphore::new(max.max(1)), replan: None }
+        Self { pool, idle: Mutex::new(Vec::new()), permits: Semaphore::new(max.max(1)), replan: None, ping_after: None }
+    }
+
+    /// Pings a connection that sat idle longer than `idle` before lending it (see the module): a commit sent on a
+    /// connection the server ended meanwhile would lose its answer.
+    pub(crate) fn ping_after(&mut self, idle: Duration) {
+        self.ping_after = Some(idle);
     }
 
     /// Drops each held connection's prepared statements `first` after it was taken (at least a millisecond, at
@@ -96,7 +114,10 @@ impl<DB: Database + HasStatementCache> Held<DB> {
     async fn take<'a>(&'a self, permit: SemaphorePermit<'a>) -> Result<Writer<'a, DB>> {
         let idle = self.idle.lock().map(|mut idle| idle.pop()).unwrap_or(None);
         let (mut conn, mut replan) = match idle {
-            Some(idle) => idle,
+            Some((conn, replan, since)) if self.ping_after.is_some_and(|after| since.elapsed() >= after) => {
+                self.answering(conn, replan).await?
+            }
+            Some((conn, replan, _)) => (conn, replan),
             None => (self.pool.acquire().await?, self.replan.map(Replan::after)),
         };
         if let Some(due) = replan.filter(|r| r.at <= Instant::now()) {
@@ -110,6 +131,30 @@ impl<DB: Database + HasStatementCache> Held<DB> {
             }
         }
         Ok(Writer { held: Some((self, permit)), conn: Some(conn), replan, in_call: false, broken: false })
+    }
+
+    /// `conn` if it answers a ping; else it goes back to the pool (whose ping on return closes it) and a
+    /// connection of the pool's that answers takes its place — tried as many times as the pool has connections,
+    /// and one more, since what ended one idle connection (a restart) may have ended the pool's idle ones too.
+    async fn answering(
+        &self,
+        mut conn: PoolConnection<DB>,
+        replan: Option<Replan>,
+    ) -> Result<(PoolConnection<DB>, Option<Replan>)> {
+        if conn.ping().await.is_ok() {
+            return Ok((conn, replan));
+        }
+        drop(conn);
+        let mut tries = self.pool.size() + 1;
+        loop {
+            let mut conn = self.pool.acquire().await?;
+            tries = tries.saturating_sub(1);
+            match conn.ping().await {
+                Ok(()) => return Ok((conn, self.replan.map(Replan::after))),
+                Err(e) if tries == 0 => return Err(e.into()),
+                Err(_) => drop(conn),
+            }
+        }
     }
 }
 
@@ -192,7 +237,7 @@ impl<DB: Database> Drop for Writer<'_, DB> {
         if self.broken {
             idle.clear();
         } else if !unfinished {
-            idle.push((conn, self.replan));
+            idle.push((conn, self.replan, Instant::now()));
         }
     }
 }

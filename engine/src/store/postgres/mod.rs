@@ -71,6 +71,10 @@ const MAX_BATCH: usize = 32;
 /// the table's growth, even where no `ANALYZE` runs to invalidate it.
 pub const REPLAN_FIRST: Duration = Duration::from_secs(10);
 
+/// How long a held connection may sit idle before it is pinged when next taken (see `held.rs`): the server may
+/// have ended it meanwhile, and a commit sent on it would lose its answer. Under load none sits idle this long.
+pub const PING_IDLE: Duration = Duration::from_secs(1);
+
 impl PgStore {
     /// Connects a pool of up to `max_connections` to `url` (`postgres://…`).
     pub async fn connect(url: &str, max_connections: u32) -> Result<Self> {
@@ -114,7 +118,11 @@ impl PgStore {
             .test_before_acquire(false)
             .acquire_timeout(Duration::from_secs(2))
             .connect_lazy_with((*pool.connect_options()).clone());
-        let held = (held > 0).then(|| Arc::new(Held::new(pool.clone(), held)));
+        let held = (held > 0).then(|| {
+            let mut held = Held::new(pool.clone(), held);
+            held.ping_after(PING_IDLE);
+            Arc::new(held)
+        });
         Self { held, pool, leases, group: None }.group_commit(DEFAULT_COMMIT_SLOTS).replan_after(REPLAN_FIRST)
     }
 
