@@ -337,24 +337,8 @@ async fn a_commit_after_the_server_ended_the_idle_connection_is_answered() {
     assert!(written(&w1.await.unwrap(), "warm1") && written(&w2.await.unwrap(), "warm2"));
 
     // The server ends every session of the database but this one, the held connections with the pool's.
-    // The sessions are listed first and ended one by one: in one statement, `pg_terminate_backend` could be
-    // called before the filter on the database (no order of evaluation), ending other tests' sessions.
-    let mut admin = sqlx::PgConnection::connect(&url).await.unwrap();
-    let pids: Vec<i32> = sqlx::query_scalar(
-        "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()",
-    )
-    .fetch_all(&mut admin)
-    .await
-    .unwrap();
-    assert!(pids.len() >= 2, "sessions: {pids:?}");
-    for pid in pids {
-        sqlx::query("SELECT pg_terminate_backend($1)").bind(pid).execute(&mut admin).await.unwrap();
-    }
+    end_sessions(&store, &url).await;
     tokio::time::sleep(onceflow_engine::store::PING_IDLE + Duration::from_millis(300)).await;
-    // The test's own reads go through the pool, whose idle connections are dead too: a failed call closes each.
-    for _ in 0..20 {
-        let _ = sqlx::query("SELECT 1").execute(store.pool()).await;
-    }
 
     let alone = run(&store, fence("alone")).await;
     assert!(written(&alone, "alone"), "{alone:?}");
@@ -364,4 +348,49 @@ async fn a_commit_after_the_server_ended_the_idle_connection_is_answered() {
     release_then_all_done(release, blocked, handles).await;
     let after = store.group_commit_counts();
     assert_eq!((after.0 - before.0, after.1 - before.1), (1, 3), "{before:?} → {after:?}");
+}
+
+/// A commit that reads the server's goodbye as its answer (its connection was ended while idle under
+/// `PING_IDLE`, so not pinged) fails; that connection is not lent again, nor are the idle ones beside it (what
+/// ended one, a restart, ended them all): the next commits are answered.
+#[tokio::test]
+async fn a_connection_that_said_goodbye_is_not_lent_again() {
+    let Some(url) = onceflow_tests::pg_url().await.unwrap() else { return };
+    let ids = ["warm", "cut", "next", "then"];
+    let store = store_with(&url, &ids.map(|id| (id, 1))).await;
+    let fence = |id: &str| Commit::Fence { id: id.into(), epoch: 1, key: Some(format!("key-{id}")), guard: true };
+    assert!(written(&run(&store, fence("warm")).await, "warm"));
+    end_sessions(&store, &url).await;
+    // Well under PING_IDLE: the held connection is lent without a ping, and its commit reads the goodbye.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let cut = run(&store, fence("cut")).await;
+    assert!(cut.is_err(), "{cut:?}");
+    for id in ["next", "then"] {
+        let outcome = run(&store, fence(id)).await;
+        assert!(written(&outcome, id), "{id}: {outcome:?}");
+    }
+}
+
+/// Ends every client session of the test's database but the caller's own, the store's held and pool connections
+/// with them, then lets the pool's idle ones fail a call each (the test's reads go through the pool, which does
+/// not test a connection before lending it; a connection that failed is closed when it comes back). The sessions
+/// are listed first and ended one by one, by their pid.
+async fn end_sessions(store: &PgStore, url: &str) {
+    let mut admin = sqlx::PgConnection::connect(url).await.unwrap();
+    let pids: Vec<i32> = sqlx::query_scalar(
+        "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid() \
+         AND backend_type = 'client backend'",
+    )
+    .fetch_all(&mut admin)
+    .await
+    .unwrap();
+    assert!(!pids.is_empty(), "no sessions to end");
+    for pid in pids {
+        sqlx::query("SELECT pg_terminate_backend($1)").bind(pid).execute(&mut admin).await.unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let probe = store.pool().clone();
+    for _ in 0..20 {
+        let _ = sqlx::query("SELECT 1").execute(&probe).await;
+    }
 }

@@ -19,8 +19,8 @@
 //! `idle_session_timeout`): the call sent on it next reads the server's goodbye as its answer, and for a commit
 //! that is an answer lost (the error may have come after a commit), for each member of a group-commit batch. So a
 //! store may ask for a connection idle longer than a given time to be pinged before it is lent
-//! ([`Held::ping_after`]): one that does not answer goes back to the pool, whose ping on return closes it, and
-//! another is taken.
+//! ([`Held::ping_after`]): one that does not answer is closed, with the idle ones beside it, and another is
+//! taken from the pool, pinged alike. A connection whose call read such a goodbye is not lent again either.
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -69,18 +69,27 @@ pub(crate) struct Held<DB: Database> {
     replan: Option<Duration>,
     /// How long a connection may sit idle before it is pinged when taken; none: never pinged.
     ping_after: Option<Duration>,
+    /// Whether a database error ended its session (the server's goodbye): the connection is not lent again.
+    ends_session: fn(&(dyn sqlx::error::DatabaseError + 'static)) -> bool,
 }
 
 impl<DB: Database + HasStatementCache> Held<DB> {
     /// Holds up to `max` (at least one) of `pool`'s connections, taken as callers need them.
     pub(crate) fn new(pool: sqlx::Pool<DB>, max: usize) -> Self {
-        Self { pool, idle: Mutex::new(Vec::new()), permits: Semaphore::new(max.max(1)), replan: None, ping_after: None }
+        let permits = Semaphore::new(max.max(1));
+        Self { pool, idle: Mutex::new(Vec::new()), permits, replan: None, ping_after: None, ends_session: |_| false }
     }
 
-    /// Pings a connection that sat idle longer than `idle` before lending it (see the module): a commit sent on a
-    /// connection the server ended meanwhile would lose its answer.
-    pub(crate) fn ping_after(&mut self, idle: Duration) {
+    /// Pings a connection that sat idle longer than `idle` before lending it, and one newly taken from the pool
+    /// (see the module): a commit sent on a connection the server ended meanwhile would lose its answer.
+    /// `ends_session` tells the database errors that end a session: a connection that answered one is broken.
+    pub(crate) fn ping_after(
+        &mut self,
+        idle: Duration,
+        ends_session: fn(&(dyn sqlx::error::DatabaseError + 'static)) -> bool,
+    ) {
         self.ping_after = Some(idle);
+        self.ends_session = ends_session;
     }
 
     /// Drops each held connection's prepared statements `first` after it was taken (at least a millisecond, at
@@ -115,10 +124,17 @@ impl<DB: Database + HasStatementCache> Held<DB> {
         let idle = self.idle.lock().map(|mut idle| idle.pop()).unwrap_or(None);
         let (mut conn, mut replan) = match idle {
             Some((conn, replan, since)) if self.ping_after.is_some_and(|after| since.elapsed() >= after) => {
-                self.answering(conn, replan).await?
+                match answering(conn).await {
+                    Ok(conn) => (conn, replan),
+                    // What ended it (a restart) may have ended the idle ones beside it.
+                    Err(_) => {
+                        self.clear_idle();
+                        (self.fresh().await?, self.replan.map(Replan::after))
+                    }
+                }
             }
             Some((conn, replan, _)) => (conn, replan),
-            None => (self.pool.acquire().await?, self.replan.map(Replan::after)),
+            None => (self.fresh().await?, self.replan.map(Replan::after)),
         };
         if let Some(due) = replan.filter(|r| r.at <= Instant::now()) {
             match conn.clear_cached_statements().await {
@@ -126,36 +142,53 @@ impl<DB: Database + HasStatementCache> Held<DB> {
                 // It failed on the way: back to the pool (whose ping closes it if broken), then a new one.
                 Err(_) => {
                     drop(conn);
-                    (conn, replan) = (self.pool.acquire().await?, self.replan.map(Replan::after));
+                    (conn, replan) = (self.fresh().await?, self.replan.map(Replan::after));
                 }
             }
         }
         Ok(Writer { held: Some((self, permit)), conn: Some(conn), replan, in_call: false, broken: false })
     }
 
-    /// `conn` if it answers a ping; else it goes back to the pool (whose ping on return closes it) and a
-    /// connection of the pool's that answers takes its place — tried as many times as the pool has connections,
-    /// and one more, since what ended one idle connection (a restart) may have ended the pool's idle ones too.
-    async fn answering(
-        &self,
-        mut conn: PoolConnection<DB>,
-        replan: Option<Replan>,
-    ) -> Result<(PoolConnection<DB>, Option<Replan>)> {
-        if conn.ping().await.is_ok() {
-            return Ok((conn, replan));
+    /// A connection of the pool's to hold. Where held connections are pinged ([`Held::ping_after`]), one that
+    /// answers a ping: the pool lends its idle connections untested, and what ended a held one may have ended
+    /// them too — tried as many times as the pool has connections, and once more.
+    async fn fresh(&self) -> Result<PoolConnection<DB>> {
+        if self.ping_after.is_none() {
+            return Ok(self.pool.acquire().await?);
         }
-        drop(conn);
         let mut tries = self.pool.size() + 1;
         loop {
-            let mut conn = self.pool.acquire().await?;
+            let conn = self.pool.acquire().await?;
             tries = tries.saturating_sub(1);
-            match conn.ping().await {
-                Ok(()) => return Ok((conn, self.replan.map(Replan::after))),
+            match answering(conn).await {
+                Ok(conn) => return Ok(conn),
                 Err(e) if tries == 0 => return Err(e.into()),
-                Err(_) => drop(conn),
+                Err(_) => {}
             }
         }
     }
+
+    /// Forgets the idle held connections (back to the pool, whose ping on return closes a broken one).
+    fn clear_idle(&self) {
+        if let Ok(mut idle) = self.idle.lock() {
+            idle.clear();
+        }
+    }
+}
+
+/// How long a ping may take before its connection counts as gone (a half-open connection would otherwise hold the
+/// caller until the kernel gives up on it).
+const PING_WAIT: Duration = Duration::from_secs(2);
+
+/// `conn` if it answers a ping within [`PING_WAIT`]; else the error, and the connection is closed when dropped.
+async fn answering<DB: Database>(mut conn: PoolConnection<DB>) -> std::result::Result<PoolConnection<DB>, sqlx::Error> {
+    let failed = match tokio::time::timeout(PING_WAIT, conn.ping()).await {
+        Ok(Ok(())) => return Ok(conn),
+        Ok(Err(e)) => e,
+        Err(_) => sqlx::Error::Io(std::io::Error::new(std::io::ErrorKind::TimedOut, "no answer to a ping")),
+    };
+    conn.close_on_drop();
+    Err(failed)
 }
 
 /// A connection for one write outside a step's transaction: held by the store (see `held.rs`) or from its
@@ -187,15 +220,18 @@ impl<'a, DB: Database> Writer<'a, DB> {
         self.replan.map_or(0, |r| r.done)
     }
 
-    /// Passes on a call's `result`, marking the call finished, and noting a failure outside the database: the
-    /// connection then goes back to the pool (whose ping closes it if broken) with every idle held one, since
-    /// what broke one (a server restart) broke them all.
+    /// Passes on a call's `result`, marking the call finished, and noting a failure outside the database or one
+    /// that ended the session (see [`Held::ping_after`]): the connection then goes back to the pool (whose ping
+    /// closes it if broken) with every idle held one, since what broke one (a server restart) broke them all.
     pub fn check<T>(&mut self, result: std::result::Result<T, sqlx::Error>) -> std::result::Result<T, sqlx::Error> {
         self.in_call = false;
-        if let Err(e) = &result
-            && !matches!(e, sqlx::Error::Database(_))
-        {
-            self.broken = true;
+        let ends_session = |e: &(dyn sqlx::error::DatabaseError + 'static)| {
+            self.held.as_ref().is_some_and(|(held, _)| (held.ends_session)(e))
+        };
+        match &result {
+            Err(sqlx::Error::Database(e)) if !ends_session(&**e) => {}
+            Err(_) => self.broken = true,
+            Ok(_) => {}
         }
         result
     }

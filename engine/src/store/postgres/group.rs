@@ -416,9 +416,5 @@ fn answer_of(row: &PgRow, (first, count): (usize, usize)) -> Outcome {
 /// Whether a database error may have come after the commit: a session ended by the server (FATAL, PANIC) may
 /// have written the commit record first; an ERROR rolled the transaction back.
 fn after_commit(e: &(dyn sqlx::error::DatabaseError + 'static)) -> bool {
-    use sqlx::postgres::{PgDatabaseError, PgSeverity};
-    match e.try_downcast_ref::<PgDatabaseError>() {
-        Some(pg) => matches!(pg.severity(), PgSeverity::Fatal | PgSeverity::Panic),
-        None => true,
-    }
+    super::ends_session(e)
 }

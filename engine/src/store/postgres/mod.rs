@@ -71,6 +71,16 @@ const MAX_BATCH: usize = 32;
 /// the table's growth, even where no `ANALYZE` runs to invalidate it.
 pub const REPLAN_FIRST: Duration = Duration::from_secs(10);
 
+/// Whether a database error ended its session: the server's `FATAL` or `PANIC` (a restart, `pg_terminate_backend`,
+/// `idle_session_timeout`), after which the connection is gone; an `ERROR` ended only the statement.
+pub(super) fn ends_session(e: &(dyn sqlx::error::DatabaseError + 'static)) -> bool {
+    use sqlx::postgres::{PgDatabaseError, PgSeverity};
+    match e.try_downcast_ref::<PgDatabaseError>() {
+        Some(pg) => matches!(pg.severity(), PgSeverity::Fatal | PgSeverity::Panic),
+        None => true,
+    }
+}
+
 /// How long a held connection may sit idle before it is pinged when next taken (see `held.rs`): the server may
 /// have ended it meanwhile, and a commit sent on it would lose its answer. Under load none sits idle this long.
 pub const PING_IDLE: Duration = Duration::from_secs(1);
@@ -120,7 +130,7 @@ impl PgStore {
             .connect_lazy_with((*pool.connect_options()).clone());
         let held = (held > 0).then(|| {
             let mut held = Held::new(pool.clone(), held);
-            held.ping_after(PING_IDLE);
+            held.ping_after(PING_IDLE, ends_session);
             Arc::new(held)
         });
         Self { held, pool, leases, group: None }.group_commit(DEFAULT_COMMIT_SLOTS).replan_after(REPLAN_FIRST)
