@@ -337,7 +337,12 @@ async fn a_commit_after_the_server_ended_the_idle_connection_is_answered() {
     assert!(written(&w1.await.unwrap(), "warm1") && written(&w2.await.unwrap(), "warm2"));
 
     // The server ends every session of the database but this one, the held connections with the pool's.
-    end_sessions(&store, &url).await;
+    end_sessions(&url).await;
+    // The test's own reads go through the pool, which lends its idle connections untested: let each dead one
+    // fail a call (a connection that failed is closed when it comes back).
+    for _ in 0..20 {
+        let _ = sqlx::query("SELECT 1").execute(store.pool()).await;
+    }
     tokio::time::sleep(onceflow_engine::store::PING_IDLE + Duration::from_millis(300)).await;
 
     let alone = run(&store, fence("alone")).await;
@@ -360,9 +365,9 @@ async fn a_connection_that_said_goodbye_is_not_lent_again() {
     let store = store_with(&url, &ids.map(|id| (id, 1))).await;
     let fence = |id: &str| Commit::Fence { id: id.into(), epoch: 1, key: Some(format!("key-{id}")), guard: true };
     assert!(written(&run(&store, fence("warm")).await, "warm"));
-    end_sessions(&store, &url).await;
-    // Well under PING_IDLE: the held connection is lent without a ping, and its commit reads the goodbye.
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Well under PING_IDLE after `warm` gave it back, the held connection is lent without a ping, and its commit
+    // reads the goodbye (or finds the connection gone): nothing slow between the two.
+    end_sessions(&url).await;
     let cut = run(&store, fence("cut")).await;
     assert!(cut.is_err(), "{cut:?}");
     for id in ["next", "then"] {
@@ -372,10 +377,8 @@ async fn a_connection_that_said_goodbye_is_not_lent_again() {
 }
 
 /// Ends every client session of the test's database but the caller's own, the store's held and pool connections
-/// with them, then lets the pool's idle ones fail a call each (the test's reads go through the pool, which does
-/// not test a connection before lending it; a connection that failed is closed when it comes back). The sessions
-/// are listed first and ended one by one, by their pid.
-async fn end_sessions(store: &PgStore, url: &str) {
+/// with them, and waits a moment for their goodbyes. The sessions are listed first and ended one by one, by pid.
+async fn end_sessions(url: &str) {
     let mut admin = sqlx::PgConnection::connect(url).await.unwrap();
     let pids: Vec<i32> = sqlx::query_scalar(
         "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid() \
@@ -388,9 +391,5 @@ async fn end_sessions(store: &PgStore, url: &str) {
     for pid in pids {
         sqlx::query("SELECT pg_terminate_backend($1)").bind(pid).execute(&mut admin).await.unwrap();
     }
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    let probe = store.pool().clone();
-    for _ in 0..20 {
-        let _ = sqlx::query("SELECT 1").execute(&probe).await;
-    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
 }

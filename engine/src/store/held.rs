@@ -19,8 +19,10 @@
 //! `idle_session_timeout`): the call sent on it next reads the server's goodbye as its answer, and for a commit
 //! that is an answer lost (the error may have come after a commit), for each member of a group-commit batch. So a
 //! store may ask for a connection idle longer than a given time to be pinged before it is lent
-//! ([`Held::ping_after`]): one that does not answer is closed, with the idle ones beside it, and another is
-//! taken from the pool, pinged alike. A connection whose call read such a goodbye is not lent again either.
+//! ([`Held::ping_after`]): one that does not answer is closed, the idle ones beside it go back to the pool
+//! (which keeps those that answer its ping), and another is taken from the pool, pinged alike. A connection whose
+//! call read such a goodbye is not lent again either. One idle under that time is lent unpinged: a server that
+//! ends sessions under load still costs the calls then on their way, as before.
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -203,7 +205,8 @@ pub struct Writer<'a, DB: Database> {
     /// The connection was lent for a call (borrowed mutably) whose result has not passed through `check`: if
     /// its future was dropped, its answer may still be on the way, or its transaction open.
     in_call: bool,
-    /// A call failed outside the database (I/O, protocol): the connection may be broken.
+    /// A call failed outside the database (I/O, protocol) or read the end of its session: the connection may be
+    /// broken.
     broken: bool,
 }
 
