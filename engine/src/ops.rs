@@ -22,7 +22,8 @@ pub struct WorkflowView {
     pub workflow: WorkflowRecord,
     /// Its steps, in the order they started.
     pub steps: Vec<StepRecord>,
-    /// Its registered compensations; none once it has completed without an exception and without running any (they never will).
+    /// Its registered compensations; none once it has completed without an exception and without running any
+    /// (they never will).
     pub compensations: Vec<CompensationRecord>,
 }
 

@@ -159,7 +159,8 @@ pub struct WaitingForBody {
 pub struct WorkflowDetail {
     /// The operator actions taken on it, oldest first (the audit log: kept after its history is deleted).
     pub audit: Vec<crate::routes::audit::AuditBody>,
-    /// Its registered compensations; none once it has completed without an exception and without running any (they never will).
+    /// Its registered compensations; none once it has completed without an exception and without running any
+    /// (they never will).
     pub compensations: Vec<CompensationBody>,
     /// Its steps, in the order they ran (a phase's steps share their times; the order is the one they ran in).
     pub steps: Vec<StepBody>,

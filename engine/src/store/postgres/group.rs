@@ -354,10 +354,11 @@ async fn in_one_call(store: &PgStore, batch: &[Member]) -> std::result::Result<V
         .bind(&call.args)
         .fetch_all(&mut *conn)
         .await;
-    // An error rolled the call back (the statement's transaction), unless the server ended the session.
+    // An error rolled the call back (the statement's transaction), unless the server ended the session (FATAL,
+    // PANIC), which may have written the commit record first.
     let rows = match conn.check(rows) {
         Ok(rows) => rows,
-        Err(sqlx::Error::Database(e)) if !after_commit(&*e) => return Err(Unsent),
+        Err(sqlx::Error::Database(e)) if !super::ends_session(&*e) => return Err(Unsent),
         Err(e) => return Ok(lost(&places, &e)),
     };
     // Each row names its member's place in the call (never missing or out of order: the function answers each
@@ -411,10 +412,4 @@ fn answer_of(row: &PgRow, (first, count): (usize, usize)) -> Outcome {
         Ok((None, _)) => lost_answer("its statement answered no columns"),
         Err(e) => lost_answer(&e.to_string()),
     }
-}
-
-/// Whether a database error may have come after the commit: a session ended by the server (FATAL, PANIC) may
-/// have written the commit record first; an ERROR rolled the transaction back.
-fn after_commit(e: &(dyn sqlx::error::DatabaseError + 'static)) -> bool {
-    super::ends_session(e)
 }
