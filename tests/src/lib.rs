@@ -393,3 +393,41 @@ pub mod ids {
         PaymentRequest::new(order_no(order), amount, cny(), request_no.map(self::request_no)).expect("a valid request")
     }
 }
+
+/// Ends every client session of `url`'s Postgres database but the caller's own (a store's held and pool
+/// connections with them), as a restart would, and waits a moment for their goodbyes. The sessions are listed
+/// first and ended one by one, by pid: `pg_terminate_backend` in a query's filter may run before the filter on the
+/// database, and end other tests' sessions.
+pub async fn end_sessions(url: &str) {
+    use sqlx::Connection;
+    let mut admin = sqlx::PgConnection::connect(url).await.expect("connect to end sessions");
+    let pids: Vec<i32> = sqlx::query_scalar(
+        "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid() \
+         AND backend_type = 'client backend'",
+    )
+    .fetch_all(&mut admin)
+    .await
+    .expect("list the sessions");
+    assert!(!pids.is_empty(), "no sessions to end");
+    for pid in pids {
+        sqlx::query("SELECT pg_terminate_backend($1)").bind(pid).execute(&mut admin).await.expect("end a session");
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+}
+
+/// [`end_sessions`] on MySQL / MariaDB: every session of `url`'s database but the caller's own is killed.
+pub async fn end_mysql_sessions(url: &str) {
+    use sqlx::Connection;
+    let mut admin = sqlx::MySqlConnection::connect(url).await.expect("connect to end sessions");
+    let ids: Vec<i64> = sqlx::query_scalar(
+        "SELECT id FROM information_schema.processlist WHERE db = DATABASE() AND id <> CONNECTION_ID()",
+    )
+    .fetch_all(&mut admin)
+    .await
+    .expect("list the sessions");
+    assert!(!ids.is_empty(), "no sessions to end");
+    for id in ids {
+        sqlx::query(sqlx::AssertSqlSafe(format!("KILL {id}"))).execute(&mut admin).await.expect("end a session");
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+}

@@ -337,9 +337,9 @@ async fn a_commit_after_the_server_ended_the_idle_connection_is_answered() {
     assert!(written(&w1.await.unwrap(), "warm1") && written(&w2.await.unwrap(), "warm2"));
 
     // The server ends every session of the database but this one, the held connections with the pool's.
-    end_sessions(&url).await;
-    // The test's own reads go through the pool, which lends its idle connections untested: let each dead one
-    // fail a call (a connection that failed is closed when it comes back).
+    onceflow_tests::end_sessions(&url).await;
+    // The test's own reads go through the pool, which lends a connection idle under `PING_IDLE` untested: let
+    // each dead one fail a call (a connection that failed is closed when it comes back).
     for _ in 0..20 {
         let _ = sqlx::query("SELECT 1").execute(store.pool()).await;
     }
@@ -367,29 +367,11 @@ async fn a_connection_that_said_goodbye_is_not_lent_again() {
     assert!(written(&run(&store, fence("warm")).await, "warm"));
     // Well under PING_IDLE after `warm` gave it back, the held connection is lent without a ping, and its commit
     // reads the goodbye (or finds the connection gone): nothing slow between the two.
-    end_sessions(&url).await;
+    onceflow_tests::end_sessions(&url).await;
     let cut = run(&store, fence("cut")).await;
     assert!(cut.is_err(), "{cut:?}");
     for id in ["next", "then"] {
         let outcome = run(&store, fence(id)).await;
         assert!(written(&outcome, id), "{id}: {outcome:?}");
     }
-}
-
-/// Ends every client session of the test's database but the caller's own, the store's held and pool connections
-/// with them, and waits a moment for their goodbyes. The sessions are listed first and ended one by one, by pid.
-async fn end_sessions(url: &str) {
-    let mut admin = sqlx::PgConnection::connect(url).await.unwrap();
-    let pids: Vec<i32> = sqlx::query_scalar(
-        "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid() \
-         AND backend_type = 'client backend'",
-    )
-    .fetch_all(&mut admin)
-    .await
-    .unwrap();
-    assert!(!pids.is_empty(), "no sessions to end");
-    for pid in pids {
-        sqlx::query("SELECT pg_terminate_backend($1)").bind(pid).execute(&mut admin).await.unwrap();
-    }
-    tokio::time::sleep(Duration::from_millis(50)).await;
 }

@@ -28,10 +28,11 @@ mod stored_as_text;
 
 pub use crate::error::is_transient;
 pub use audit::{AuditFilter, AuditRecord};
+pub use held::PING_IDLE;
 pub use held::Writer;
 pub use mysql::{MIGRATOR as MYSQL_MIGRATOR, MySqlStore};
 pub use page::{Cursor, WorkflowFilter};
-pub use postgres::{DEFAULT_COMMIT_SLOTS, MIGRATOR as POSTGRES_MIGRATOR, PING_IDLE, PgStore, REPLAN_FIRST};
+pub use postgres::{DEFAULT_COMMIT_SLOTS, MIGRATOR as POSTGRES_MIGRATOR, PgStore, REPLAN_FIRST};
 pub use records::{CompensationRecord, Deleted, StepRecord, WorkflowRecord};
 pub use sqlite::{MIGRATOR as SQLITE_MIGRATOR, PHASE_FLAGS as SQLITE_PHASE_FLAGS, SqliteStore};
 pub use status::{CompensationStatus, StepKind, StepStatus, WorkflowState};

@@ -20,7 +20,7 @@ use sqlx::{Executor, MySql};
 use super::common::{self, Cleanup};
 use super::{
     Checkpoint, Committed, CompensationRecord, Conn, Deleted, Lease, Listener, Reopen, StepRecord, Store, Tx,
-    WorkflowFilter, WorkflowRecord, WorkflowState, WorkflowUpdate, WorkflowWrite, compensations,
+    WorkflowFilter, WorkflowRecord, WorkflowState, WorkflowUpdate, WorkflowWrite, compensations, held,
 };
 use crate::error::Result;
 
@@ -149,6 +149,9 @@ impl MySqlStore {
             .max_connections(max_connections)
             // No ping on every acquire (a round trip per transaction), as on Postgres.
             .test_before_acquire(false)
+            // But one idle a second or more is pinged: the server may have ended it meanwhile (a restart, its
+            // `wait_timeout`), and sqlx's ping as it came back does not tell.
+            .before_acquire(|conn, meta| held::ping_if_idle(conn, meta, held::PING_IDLE))
             // As on Postgres: with the database gone, answer `503` fast rather than hold requests.
             .acquire_timeout(Duration::from_secs(2))
             .after_connect(|conn, _meta| {

@@ -11,7 +11,7 @@ use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions, PgRow};
 use sqlx::{Postgres, Row};
 
 use super::common::{self, Cleanup};
-use super::held::Held;
+use super::held::{self, Held};
 use super::{
     Checkpoint, Committed, CompensationRecord, Conn, Deleted, Lease, Listener, ListenerInner, Reopen, StepRecord,
     Store, Tx, WorkflowFilter, WorkflowRecord, WorkflowState, WorkflowUpdate, Writer, compensations,
@@ -81,10 +81,6 @@ pub(super) fn ends_session(e: &(dyn sqlx::error::DatabaseError + 'static)) -> bo
     }
 }
 
-/// How long a held connection may sit idle before it is pinged when next taken (see `held.rs`): the server may
-/// have ended it meanwhile, and a commit sent on it would lose its answer. Under load none sits idle this long.
-pub const PING_IDLE: Duration = Duration::from_secs(1);
-
 impl PgStore {
     /// Connects a pool of up to `max_connections` to `url` (`postgres://…`).
     pub async fn connect(url: &str, max_connections: u32) -> Result<Self> {
@@ -94,6 +90,8 @@ impl PgStore {
             // No ping on every acquire: it was a round trip per transaction. A connection a server restart
             // broke fails its query instead, which the engine retries and the API answers with `503`.
             .test_before_acquire(false)
+            // But one idle a second or more is pinged, as a held one is: the server may have ended it meanwhile.
+            .before_acquire(|conn, meta| held::ping_if_idle(conn, meta, held::PING_IDLE))
             // With the database gone, sqlx keeps reconnecting until this timeout: a short one answers
             // `503` fast instead of holding requests (and doubles as load shedding when the pool is exhausted).
             .acquire_timeout(Duration::from_secs(2))
@@ -130,7 +128,7 @@ impl PgStore {
             .connect_lazy_with((*pool.connect_options()).clone());
         let held = (held > 0).then(|| {
             let mut held = Held::new(pool.clone(), held);
-            held.ping_after(PING_IDLE, ends_session);
+            held.ping_after(held::PING_IDLE, ends_session);
             Arc::new(held)
         });
         Self { held, pool, leases, group: None }.group_commit(DEFAULT_COMMIT_SLOTS).replan_after(REPLAN_FIRST)

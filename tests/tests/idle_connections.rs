@@ -1,0 +1,46 @@
+//! A pool connection that the server ended while it sat idle (a restart, an idle timeout, an operator's kill) is
+//! pinged before it is lent, once idle `PING_IDLE` or more, and another is lent in its place: reads,
+//! transactions, and a commit that finds every held connection busy (it takes one of the pool's) are answered
+//! after a restart, rather than failed — or, for a commit, its answer lost. (The held connections' own case is in
+//! `group_commit.rs`.)
+
+use std::time::Duration;
+
+use onceflow_engine::store::PING_IDLE;
+use onceflow_engine::{MySqlStore, PgStore, Store};
+
+/// How long the tests leave the connections idle: past `PING_IDLE`.
+const IDLE: Duration = PING_IDLE.saturating_add(Duration::from_millis(300));
+
+#[cfg_attr(onceflow_no_postgres, ignore = "DATABASE_URL is not set")]
+#[tokio::test]
+async fn postgres_does_not_lend_a_connection_the_server_ended_while_idle() {
+    let Some(url) = onceflow_tests::pg_url().await.unwrap() else { return };
+    let store = PgStore::connect(&url, 8).await.unwrap();
+    // Four pool connections at once, then idle.
+    let read = || sqlx::query("SELECT pg_sleep(0.05)").execute(store.pool());
+    let (a, b, c, d) = tokio::join!(read(), read(), read(), read());
+    assert!(a.is_ok() && b.is_ok() && c.is_ok() && d.is_ok());
+    onceflow_tests::end_sessions(&url).await;
+    tokio::time::sleep(IDLE).await;
+    for i in 0..6 {
+        let answered = sqlx::query("SELECT 1").execute(store.pool()).await;
+        assert!(answered.is_ok(), "read {i}: {answered:?}");
+    }
+}
+
+#[cfg_attr(onceflow_no_mysql, ignore = "MYSQL_URL is not set")]
+#[tokio::test]
+async fn mysql_does_not_lend_a_connection_the_server_ended_while_idle() {
+    let Some(url) = onceflow_tests::mysql_url().await.unwrap() else { return };
+    let store = MySqlStore::connect(&url, 8).await.unwrap();
+    let read = || sqlx::query("SELECT SLEEP(0.05)").execute(store.pool());
+    let (a, b, c, d) = tokio::join!(read(), read(), read(), read());
+    assert!(a.is_ok() && b.is_ok() && c.is_ok() && d.is_ok());
+    onceflow_tests::end_mysql_sessions(&url).await;
+    tokio::time::sleep(IDLE).await;
+    for i in 0..6 {
+        let answered = sqlx::query("SELECT 1").execute(store.pool()).await;
+        assert!(answered.is_ok(), "read {i}: {answered:?}");
+    }
+}
