@@ -11,7 +11,7 @@ use onceflow_engine::PgStore;
 use onceflow_payments::PaymentStore;
 use onceflow_tests::baseline::fresh_db;
 
-use super::library::{pay, service};
+use super::library::{commit_slots, pay, service};
 use super::measure::{Run, drive};
 use super::options::Options;
 use super::seed::seed_pg;
@@ -37,7 +37,7 @@ fn window(done: usize) -> usize {
 /// `bytes/postgres`: pays `o.count` orders, then prints bytes per payment by table.
 pub(crate) async fn postgres(base: &str, pool_size: u32, o: &Options) -> anyhow::Result<Run> {
     let url = fresh_db(base, "onceflow_bench_bytes")?;
-    let store = PgStore::connect(&url, pool_size).await?;
+    let store = PgStore::connect(&url, pool_size).await?.group_commit(commit_slots()?);
     store.migrate_payments().await?;
     seed_pg(&url, o.count).await?;
     let payments = service(store);

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use onceflow_engine::store::DEFAULT_COMMIT_SLOTS;
 use onceflow_engine::{EngineConfig, PgStore};
 use onceflow_payments::{MockChannel, PaymentRequest, PaymentStore, Payments, Token};
 use onceflow_tests::baseline::fresh_db;
@@ -41,10 +42,19 @@ pub(crate) async fn run<S: PaymentStore>(name: &'static str, store: S, o: &Optio
     .await
 }
 
+/// The group commit's slots for the library scenarios on Postgres: `ONCEFLOW_COMMIT_SLOTS`, as `serve` reads it
+/// (so that one setting compares both), else the store's default.
+pub(crate) fn commit_slots() -> anyhow::Result<usize> {
+    match std::env::var("ONCEFLOW_COMMIT_SLOTS") {
+        Ok(v) => v.parse().map_err(|_| anyhow::anyhow!("ONCEFLOW_COMMIT_SLOTS={v:?} is not a number")),
+        Err(_) => Ok(DEFAULT_COMMIT_SLOTS),
+    }
+}
+
 /// The payment service as a library on a fresh Postgres database.
 pub(crate) async fn postgres(base: &str, pool_size: u32, o: &Options) -> anyhow::Result<Run> {
     let url = fresh_db(base, "onceflow_bench_library")?;
-    let store = PgStore::connect(&url, pool_size).await?;
+    let store = PgStore::connect(&url, pool_size).await?.group_commit(commit_slots()?);
     store.migrate_payments().await?;
     seed_pg(&url, o.count).await?;
     match o.gc_every {
