@@ -395,10 +395,10 @@ pub mod ids {
 }
 
 /// Ends every client session of `url`'s Postgres database but the caller's own (a store's held and pool
-/// connections with them), as a restart would, and waits a moment for their goodbyes. The sessions are listed
-/// first and ended one by one, by pid: `pg_terminate_backend` in a query's filter may run before the filter on the
-/// database, and end other tests' sessions.
-pub async fn end_sessions(url: &str) {
+/// connections with them), as a restart would, and waits a moment for their goodbyes; how many it ended. The
+/// sessions are listed first and ended one by one, by pid: `pg_terminate_backend` in a query's filter may run
+/// before the filter on the database, and end other tests' sessions.
+pub async fn end_pg_sessions(url: &str) -> usize {
     use sqlx::Connection;
     let mut admin = sqlx::PgConnection::connect(url).await.expect("connect to end sessions");
     let pids: Vec<i32> = sqlx::query_scalar(
@@ -409,25 +409,38 @@ pub async fn end_sessions(url: &str) {
     .await
     .expect("list the sessions");
     assert!(!pids.is_empty(), "no sessions to end");
-    for pid in pids {
+    for &pid in &pids {
+        // A session that ended meanwhile answers false.
         sqlx::query("SELECT pg_terminate_backend($1)").bind(pid).execute(&mut admin).await.expect("end a session");
     }
+    let _ = admin.close().await;
     tokio::time::sleep(Duration::from_millis(50)).await;
+    pids.len()
 }
 
-/// [`end_sessions`] on MySQL / MariaDB: every session of `url`'s database but the caller's own is killed.
-pub async fn end_mysql_sessions(url: &str) {
+/// [`end_pg_sessions`] on MySQL / MariaDB: every session of `url`'s database but the caller's own is killed.
+pub async fn end_mysql_sessions(url: &str) -> usize {
     use sqlx::Connection;
     let mut admin = sqlx::MySqlConnection::connect(url).await.expect("connect to end sessions");
+    // Signed, as MariaDB has it (MySQL 8's column is unsigned).
     let ids: Vec<i64> = sqlx::query_scalar(
-        "SELECT id FROM information_schema.processlist WHERE db = DATABASE() AND id <> CONNECTION_ID()",
+        "SELECT CAST(id AS SIGNED) FROM information_schema.processlist WHERE db = DATABASE() \
+         AND id <> CONNECTION_ID()",
     )
     .fetch_all(&mut admin)
     .await
     .expect("list the sessions");
     assert!(!ids.is_empty(), "no sessions to end");
-    for id in ids {
-        sqlx::query(sqlx::AssertSqlSafe(format!("KILL {id}"))).execute(&mut admin).await.expect("end a session");
+    for &id in &ids {
+        match sqlx::query(sqlx::AssertSqlSafe(format!("KILL {id}"))).execute(&mut admin).await {
+            Ok(_) => {}
+            // ER_NO_SUCH_THREAD: it ended meanwhile.
+            Err(sqlx::Error::Database(e))
+                if e.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>().is_some_and(|e| e.number() == 1094) => {}
+            Err(e) => panic!("end a session: {e}"),
+        }
     }
+    let _ = admin.close().await;
     tokio::time::sleep(Duration::from_millis(50)).await;
+    ids.len()
 }

@@ -337,12 +337,9 @@ async fn a_commit_after_the_server_ended_the_idle_connection_is_answered() {
     assert!(written(&w1.await.unwrap(), "warm1") && written(&w2.await.unwrap(), "warm2"));
 
     // The server ends every session of the database but this one, the held connections with the pool's.
-    onceflow_tests::end_sessions(&url).await;
-    // The test's own reads go through the pool, which lends a connection idle under `PING_IDLE` untested: let
-    // each dead one fail a call (a connection that failed is closed when it comes back).
-    for _ in 0..20 {
-        let _ = sqlx::query("SELECT 1").execute(store.pool()).await;
-    }
+    onceflow_tests::end_pg_sessions(&url).await;
+    // Past `PING_IDLE`, the held connections are pinged when taken, and so are the pool's when lent to replace
+    // them (`idle_connections.rs`).
     tokio::time::sleep(onceflow_engine::store::PING_IDLE + Duration::from_millis(300)).await;
 
     let alone = run(&store, fence("alone")).await;
@@ -367,7 +364,7 @@ async fn a_connection_that_said_goodbye_is_not_lent_again() {
     assert!(written(&run(&store, fence("warm")).await, "warm"));
     // Well under PING_IDLE after `warm` gave it back, the held connection is lent without a ping, and its commit
     // reads the goodbye (or finds the connection gone): nothing slow between the two.
-    onceflow_tests::end_sessions(&url).await;
+    onceflow_tests::end_pg_sessions(&url).await;
     let cut = run(&store, fence("cut")).await;
     assert!(cut.is_err(), "{cut:?}");
     for id in ["next", "then"] {

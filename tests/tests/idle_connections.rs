@@ -1,16 +1,28 @@
 //! A pool connection that the server ended while it sat idle (a restart, an idle timeout, an operator's kill) is
-//! pinged before it is lent, once idle `PING_IDLE` or more, and another is lent in its place: reads,
-//! transactions, and a commit that finds every held connection busy (it takes one of the pool's) are answered
-//! after a restart, rather than failed — or, for a commit, its answer lost. (The held connections' own case is in
-//! `group_commit.rs`.)
+//! pinged before it is lent, once idle `PING_IDLE` or more, and a new one is lent in its place (`store/ping.rs`).
+//! The tests read through the pool; a transaction, and a commit that finds every held connection busy, take their
+//! connection by the same acquire. (The held connections' own case is in `group_commit.rs`.)
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use onceflow_engine::store::PING_IDLE;
 use onceflow_engine::{MySqlStore, PgStore, Store};
 
 /// How long the tests leave the connections idle: past `PING_IDLE`.
 const IDLE: Duration = PING_IDLE.saturating_add(Duration::from_millis(300));
+
+/// Connections the tests leave idle in the pool.
+const CONNECTIONS: usize = 4;
+
+/// Waits until `pool` holds `CONNECTIONS` idle connections: sqlx pings a connection given back in a task of its
+/// own, and one ended before that ping would be closed by it, not by the check under test.
+async fn settled<DB: sqlx::Database>(pool: &sqlx::Pool<DB>) {
+    let started = Instant::now();
+    while pool.num_idle() < CONNECTIONS {
+        assert!(started.elapsed() < Duration::from_secs(5), "the pool kept {} idle connections", pool.num_idle());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
 
 #[cfg_attr(onceflow_no_postgres, ignore = "DATABASE_URL is not set")]
 #[tokio::test]
@@ -21,7 +33,8 @@ async fn postgres_does_not_lend_a_connection_the_server_ended_while_idle() {
     let read = || sqlx::query("SELECT pg_sleep(0.05)").execute(store.pool());
     let (a, b, c, d) = tokio::join!(read(), read(), read(), read());
     assert!(a.is_ok() && b.is_ok() && c.is_ok() && d.is_ok());
-    onceflow_tests::end_sessions(&url).await;
+    settled(store.pool()).await;
+    assert!(onceflow_tests::end_pg_sessions(&url).await >= CONNECTIONS);
     tokio::time::sleep(IDLE).await;
     for i in 0..6 {
         let answered = sqlx::query("SELECT 1").execute(store.pool()).await;
@@ -37,7 +50,8 @@ async fn mysql_does_not_lend_a_connection_the_server_ended_while_idle() {
     let read = || sqlx::query("SELECT SLEEP(0.05)").execute(store.pool());
     let (a, b, c, d) = tokio::join!(read(), read(), read(), read());
     assert!(a.is_ok() && b.is_ok() && c.is_ok() && d.is_ok());
-    onceflow_tests::end_mysql_sessions(&url).await;
+    settled(store.pool()).await;
+    assert!(onceflow_tests::end_mysql_sessions(&url).await >= CONNECTIONS);
     tokio::time::sleep(IDLE).await;
     for i in 0..6 {
         let answered = sqlx::query("SELECT 1").execute(store.pool()).await;

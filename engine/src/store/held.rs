@@ -32,6 +32,7 @@ use sqlx::pool::PoolConnection;
 use sqlx::{Connection, Database};
 use tokio::sync::{Semaphore, SemaphorePermit};
 
+use super::ping::answering;
 use crate::error::Result;
 
 /// The longest wait between two plannings of a held connection's statements.
@@ -152,8 +153,8 @@ impl<DB: Database + HasStatementCache> Held<DB> {
     }
 
     /// A connection of the pool's to hold. Where held connections are pinged ([`Held::ping_after`]), one that
-    /// answers a ping: the pool lends its idle connections untested, and what ended a held one may have ended
-    /// them too — tried as many times as the pool has connections, and once more.
+    /// answers a ping: the pool lends one idle under `PING_IDLE` untested, and what ended a held one may have
+    /// ended it too — tried as many times as the pool has connections, and once more.
     async fn fresh(&self) -> Result<PoolConnection<DB>> {
         if self.ping_after.is_none() {
             return Ok(self.pool.acquire().await?);
@@ -176,53 +177,6 @@ impl<DB: Database + HasStatementCache> Held<DB> {
             idle.clear();
         }
     }
-}
-
-/// How long a connection may sit idle, held or in a pool, before it is pinged when next taken (on Postgres and
-/// MySQL): the server may have ended it meanwhile, and a call sent on it would fail — a commit's answer lost.
-/// Under load none sits idle this long.
-pub const PING_IDLE: Duration = Duration::from_secs(1);
-
-/// How long a ping may take before its connection counts as gone (a half-open connection would otherwise hold the
-/// caller until the kernel gives up on it).
-const PING_WAIT: Duration = Duration::from_secs(2);
-
-/// A pool's check before it lends a connection (`PoolOptions::before_acquire`), as [`Held::ping_after`] for the
-/// held ones: a connection idle `after` or more is pinged, and one that does not answer within [`PING_WAIT`] is
-/// refused, so the pool closes it and lends another (checked alike) or opens one. The server may have ended it
-/// while it sat idle, and the call sent on it would fail: a read or a transaction with an error, a commit that
-/// finds every held connection busy and takes the pool's with its answer lost. One idle under `after` is lent
-/// unpinged, so a pool under load pays nothing.
-pub(crate) fn ping_if_idle<C: sqlx::Connection>(
-    conn: &mut C,
-    meta: sqlx::pool::PoolConnectionMetadata,
-    after: Duration,
-) -> std::pin::Pin<Box<dyn Future<Output = std::result::Result<bool, sqlx::Error>> + Send + '_>> {
-    Box::pin(async move {
-        if meta.idle_for < after {
-            return Ok(true);
-        }
-        match tokio::time::timeout(PING_WAIT, conn.ping()).await {
-            Ok(answer) => answer.map(|()| true),
-            Err(_) => Err(no_answer()),
-        }
-    })
-}
-
-/// The error of a ping that got no answer within [`PING_WAIT`].
-fn no_answer() -> sqlx::Error {
-    sqlx::Error::Io(std::io::Error::new(std::io::ErrorKind::TimedOut, "no answer to a ping"))
-}
-
-/// `conn` if it answers a ping within [`PING_WAIT`]; else the error, and the connection is closed when dropped.
-async fn answering<DB: Database>(mut conn: PoolConnection<DB>) -> std::result::Result<PoolConnection<DB>, sqlx::Error> {
-    let failed = match tokio::time::timeout(PING_WAIT, conn.ping()).await {
-        Ok(Ok(())) => return Ok(conn),
-        Ok(Err(e)) => e,
-        Err(_) => no_answer(),
-    };
-    conn.close_on_drop();
-    Err(failed)
 }
 
 /// A connection for one write outside a step's transaction: held by the store (see `held.rs`) or from its

@@ -12,7 +12,6 @@
 //! order they appear, which the binders below follow.
 
 use std::str::FromStr;
-use std::time::Duration;
 
 use sqlx::mysql::{MySqlArguments, MySqlConnectOptions, MySqlPoolOptions};
 use sqlx::{Executor, MySql};
@@ -20,7 +19,7 @@ use sqlx::{Executor, MySql};
 use super::common::{self, Cleanup};
 use super::{
     Checkpoint, Committed, CompensationRecord, Conn, Deleted, Lease, Listener, Reopen, StepRecord, Store, Tx,
-    WorkflowFilter, WorkflowRecord, WorkflowState, WorkflowUpdate, WorkflowWrite, compensations, held,
+    WorkflowFilter, WorkflowRecord, WorkflowState, WorkflowUpdate, WorkflowWrite, compensations, ping,
 };
 use crate::error::Result;
 
@@ -147,13 +146,13 @@ impl MySqlStore {
     pub fn pool_options(max_connections: u32) -> MySqlPoolOptions {
         MySqlPoolOptions::new()
             .max_connections(max_connections)
-            // No ping on every acquire (a round trip per transaction), as on Postgres.
+            // No ping on every acquire (a round trip per transaction), as on Postgres...
             .test_before_acquire(false)
-            // But one idle a second or more is pinged: the server may have ended it meanwhile (a restart, its
-            // `wait_timeout`), and sqlx's ping as it came back does not tell.
-            .before_acquire(|conn, meta| held::ping_if_idle(conn, meta, held::PING_IDLE))
+            // ...but one idle a second or more is pinged: the server may have ended it meanwhile (a restart, its
+            // `wait_timeout`), which sqlx's ping as it came back does not tell (`ping.rs`).
+            .before_acquire(ping::ping_if_idle)
             // As on Postgres: with the database gone, answer `503` fast rather than hold requests.
-            .acquire_timeout(Duration::from_secs(2))
+            .acquire_timeout(ping::ACQUIRE_TIMEOUT)
             .after_connect(|conn, _meta| {
                 Box::pin(async move {
                     for sql in SESSION {

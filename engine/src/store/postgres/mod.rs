@@ -11,7 +11,8 @@ use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions, PgRow};
 use sqlx::{Postgres, Row};
 
 use super::common::{self, Cleanup};
-use super::held::{self, Held};
+use super::held::Held;
+use super::ping;
 use super::{
     Checkpoint, Committed, CompensationRecord, Conn, Deleted, Lease, Listener, ListenerInner, Reopen, StepRecord,
     Store, Tx, WorkflowFilter, WorkflowRecord, WorkflowState, WorkflowUpdate, Writer, compensations,
@@ -85,19 +86,19 @@ impl PgStore {
     /// Connects a pool of up to `max_connections` to `url` (`postgres://…`).
     pub async fn connect(url: &str, max_connections: u32) -> Result<Self> {
         let options = PgConnectOptions::from_str(url)?;
-        let pool = PgPoolOptions::new()
+        Ok(Self::from_pool(Self::pool_options(max_connections).connect_with(options).await?))
+    }
+
+    /// The options of the store's pools; for pools made elsewhere and given to [`PgStore::from_pool`].
+    pub fn pool_options(max_connections: u32) -> PgPoolOptions {
+        PgPoolOptions::new()
             .max_connections(max_connections)
             // No ping on every acquire: it was a round trip per transaction. A connection a server restart
-            // broke fails its query instead, which the engine retries and the API answers with `503`.
+            // broke fails its query instead, which the engine retries and the API answers with `503`...
             .test_before_acquire(false)
-            // But one idle a second or more is pinged, as a held one is: the server may have ended it meanwhile.
-            .before_acquire(|conn, meta| held::ping_if_idle(conn, meta, held::PING_IDLE))
-            // With the database gone, sqlx keeps reconnecting until this timeout: a short one answers
-            // `503` fast instead of holding requests (and doubles as load shedding when the pool is exhausted).
-            .acquire_timeout(Duration::from_secs(2))
-            .connect_with(options)
-            .await?;
-        Ok(Self::from_pool(pool))
+            // ...unless it sat idle a second or more, as after a restart: that one is pinged (`ping.rs`).
+            .before_acquire(ping::ping_if_idle)
+            .acquire_timeout(ping::ACQUIRE_TIMEOUT)
     }
 
     /// The plan (`EXPLAIN`) of the query [`Store::list`] sends for `filter`, on `conn` (whose session settings it
@@ -121,14 +122,10 @@ impl PgStore {
         // A quarter of the connections, at least two, stay in the pool for reads and transactions.
         let max = pool.options().get_max_connections() as usize;
         let held = max.saturating_sub((max / 4).max(2));
-        let leases = PgPoolOptions::new()
-            .max_connections(LEASE_CONNECTIONS)
-            .test_before_acquire(false)
-            .acquire_timeout(Duration::from_secs(2))
-            .connect_lazy_with((*pool.connect_options()).clone());
+        let leases = Self::pool_options(LEASE_CONNECTIONS).connect_lazy_with((*pool.connect_options()).clone());
         let held = (held > 0).then(|| {
             let mut held = Held::new(pool.clone(), held);
-            held.ping_after(held::PING_IDLE, ends_session);
+            held.ping_after(ping::PING_IDLE, ends_session);
             Arc::new(held)
         });
         Self { held, pool, leases, group: None }.group_commit(DEFAULT_COMMIT_SLOTS).replan_after(REPLAN_FIRST)

@@ -9,7 +9,7 @@ use onceflow_payments::{NewRefund, PaymentStore, RequestNo, Token};
 use onceflow_tests::baseline::{checkpoint, fresh_db};
 use onceflow_tests::ids::pay_request;
 
-use super::library::service;
+use super::library::{commit_slots, service};
 use super::measure::{Run, drive};
 use super::options::Options;
 use super::seed::seed_pg;
@@ -21,7 +21,7 @@ const REFUND_TOKENS: &str = "INSERT INTO idempotency_tokens (token, tenant, stat
 /// Pays every seeded order (`r<n>`, unmeasured), then measures refunding each whole.
 pub(crate) async fn postgres(base: &str, pool_size: u32, o: &Options) -> anyhow::Result<Run> {
     let url = fresh_db(base, "onceflow_bench_refunds")?;
-    let store = PgStore::connect(&url, pool_size).await?;
+    let store = PgStore::connect(&url, pool_size).await?.group_commit(commit_slots()?);
     store.migrate_payments().await?;
     seed_pg(&url, o.count).await?;
     sqlx::query(REFUND_TOKENS).bind(i64::try_from(o.count)?).execute(store.pool()).await?;
