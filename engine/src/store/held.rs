@@ -154,7 +154,8 @@ impl<DB: Database + HasStatementCache> Held<DB> {
 
     /// A connection of the pool's to hold. Where held connections are pinged ([`Held::ping_after`]), one that
     /// answers a ping: the pool lends one idle under `PING_IDLE` untested, and what ended a held one may have
-    /// ended it too — tried as many times as the pool has connections, and once more.
+    /// ended it too — tried as many times as the pool has connections, and once more. (A pool connection idle a
+    /// second or more is pinged by the pool's check too: one round trip more, only while held ones are taken.)
     async fn fresh(&self) -> Result<PoolConnection<DB>> {
         if self.ping_after.is_none() {
             return Ok(self.pool.acquire().await?);

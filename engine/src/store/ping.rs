@@ -23,8 +23,11 @@ const PING_WAIT: Duration = Duration::from_secs(2);
 /// instead of holding requests (and doubles as load shedding when the pool is exhausted).
 pub(crate) const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// How long the pools' check may wait for a ping: well within [`ACQUIRE_TIMEOUT`], which counts the check too,
-/// so that a connection that does not answer leaves time to open another.
+/// How long the pools' check may wait for a ping: well within [`ACQUIRE_TIMEOUT`], which counts the check too
+/// (and the wait for a free slot before it), so that a connection that does not answer leaves at least half of it
+/// to open another when the slot came at once. A server stalled longer than this has the connection closed and a
+/// new one opened (at low load only: under load no connection is idle long enough to be pinged), which may end in
+/// `PoolTimedOut` where the call would have waited.
 const POOL_PING_WAIT: Duration = Duration::from_millis(500);
 const _: () = assert!(POOL_PING_WAIT.as_millis() * 2 < ACQUIRE_TIMEOUT.as_millis());
 

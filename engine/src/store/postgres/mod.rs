@@ -117,7 +117,8 @@ impl PgStore {
         migrate::run(&self.pool, migrator).await
     }
 
-    /// A store over an existing pool.
+    /// A store over an existing pool, made with [`PgStore::pool_options`] (else it lends idle connections
+    /// unchecked, or pings every one).
     pub fn from_pool(pool: sqlx::PgPool) -> Self {
         // A quarter of the connections, at least two, stay in the pool for reads and transactions.
         let max = pool.options().get_max_connections() as usize;
