@@ -154,9 +154,8 @@ pub struct ServeArgs {
     /// Postgres: with `N` > 0, at most `N` commits are sent to the database at once; a commit that finds them all
     /// busy waits for the first to end and goes with every other waiting commit in one call and one transaction
     /// (group commit: one round trip, one commit, one WAL flush for many payments; a lone commit never waits).
-    /// `0`, the default, sends every commit on its own as soon as it is made (docs/benchmarks.md: `2` pays with
-    /// many payments in flight).
-    #[arg(long, env = "ONCEFLOW_COMMIT_SLOTS", default_value_t = 0, value_parser = clap::value_parser!(u16).range(0..=1000))]
+    /// `2` by default (docs/benchmarks.md); `0` sends every commit on its own as soon as it is made.
+    #[arg(long, env = "ONCEFLOW_COMMIT_SLOTS", default_value_t = 2, value_parser = clap::value_parser!(u16).range(0..=1000))]
     pub commit_slots: u16,
     /// How long a client has to send a request's headers (and an idle connection waits for its next request)
     /// before the connection is closed: a slow client cannot hold a connection for ever.
