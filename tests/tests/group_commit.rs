@@ -200,10 +200,11 @@ async fn each_member_of_a_batch_gets_its_own_outcome() {
     assert_eq!(steps, ["new1", "ok"]);
 }
 
-/// A store with one commit slot (every commit after the first queues, and the queue goes as one batch), the
+/// A store with one commit slot (every commit after the first queues, and the queue goes as one batch), held by
+/// a commit as long as it runs (not `SLOT_HOLD`: the tests hold it with a commit that waits for a row), the
 /// `group_keys` table and `workflows` (id, epoch) inserted.
 async fn store_with(url: &str, workflows: &[(&str, i64)]) -> PgStore {
-    let store = PgStore::connect(url, 16).await.unwrap().group_commit(1);
+    let store = PgStore::connect(url, 16).await.unwrap().group_commit_holding(1, Duration::from_secs(600));
     sqlx::query("CREATE TABLE group_keys (k TEXT PRIMARY KEY, workflow_id TEXT NOT NULL)")
         .execute(store.pool())
         .await
@@ -250,6 +251,11 @@ async fn release_then_all_done(
 
 /// Waits until a statement of this database waits for a lock.
 async fn wait_for_lock_wait(store: &PgStore) {
+    wait_for_lock_waits(store, 1).await;
+}
+
+/// Waits until `n` statements of this database wait for a lock.
+async fn wait_for_lock_waits(store: &PgStore, n: i64) {
     for _ in 0..200 {
         let waiting: i64 = sqlx::query_scalar(
             "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'",
@@ -257,23 +263,23 @@ async fn wait_for_lock_wait(store: &PgStore) {
         .fetch_one(store.pool())
         .await
         .unwrap();
-        if waiting > 0 {
+        if waiting >= n {
             return;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    panic!("the blocker never waited for the lock");
+    panic!("{n} statements never waited for a lock");
 }
 
 /// Holds `id`'s workflow row in a transaction of its own until the returned sender is dropped or sent to.
-async fn hold_row(url: &str, id: &'static str) -> tokio::sync::oneshot::Sender<()> {
+async fn hold_row(url: &str, id: &str) -> tokio::sync::oneshot::Sender<()> {
     let (release, released) = tokio::sync::oneshot::channel::<()>();
     let (held, holding) = tokio::sync::oneshot::channel();
     let url = url.to_owned();
+    let sql = format!("SELECT 1 FROM workflows WHERE workflow_id = '{id}' FOR UPDATE");
     tokio::spawn(async move {
         let mut conn = sqlx::PgConnection::connect(&url).await.unwrap();
         let mut tx = conn.begin().await.unwrap();
-        let sql = format!("SELECT 1 FROM workflows WHERE workflow_id = '{id}' FOR UPDATE");
         sqlx::query(sqlx::AssertSqlSafe(sql)).execute(&mut *tx).await.unwrap();
         let _ = held.send(());
         let _ = released.await;
@@ -370,5 +376,35 @@ async fn a_connection_that_said_goodbye_is_not_lent_again() {
     for id in ["next", "then"] {
         let outcome = run(&store, fence(id)).await;
         assert!(written(&outcome, id), "{id}: {outcome:?}");
+    }
+}
+
+/// Two commits that wait for rows another transaction holds (an operator's open `UPDATE`, say) do not hold back
+/// the process's other commits: each gives its slot back once it has held it `SLOT_HOLD`, and a commit that
+/// comes after them, of another workflow, is written and answered while they still wait. With two slots both
+/// are taken by commits sent alone; with one, the second waits in a drain's batch of one, which gives its slot
+/// back alike.
+#[tokio::test]
+async fn commits_waiting_for_locked_rows_hold_up_no_other_commit() {
+    let Some(url) = onceflow_tests::pg_url().await.unwrap() else { return };
+    for slots in [2, 1] {
+        let store = PgStore::connect(&url, 16).await.unwrap().group_commit(slots);
+        let [held1, held2, free] = ["held1", "held2", "free"].map(|id| format!("{id}-{slots}"));
+        for id in [&held1, &held2, &free] {
+            let mut conn = store.pool().acquire().await.unwrap();
+            assert!(store.insert_workflow(&mut conn, &record(id, 1), &[]).await.unwrap());
+        }
+        let fence = |id: &str| Commit::Fence { id: id.into(), epoch: 1, key: None, guard: true };
+        let (hold1, hold2) = (hold_row(&url, &held1).await, hold_row(&url, &held2).await);
+        let (stuck1, stuck2) = (spawn_run(&store, fence(&held1)), spawn_run(&store, fence(&held2)));
+        wait_for_lock_waits(&store, 2).await;
+        let answered = tokio::time::timeout(Duration::from_secs(5), run(&store, fence(&free))).await;
+        assert!(matches!(&answered, Ok(outcome) if done(outcome)), "{slots} slots, the free commit: {answered:?}");
+        assert!(!stuck1.is_finished() && !stuck2.is_finished(), "the stuck commits wait for their rows");
+        let (_, _) = (hold1.send(()), hold2.send(()));
+        for stuck in [stuck1, stuck2] {
+            let outcome = tokio::time::timeout(Duration::from_secs(20), stuck).await.unwrap().unwrap();
+            assert!(done(&outcome), "{outcome:?}");
+        }
     }
 }

@@ -33,7 +33,7 @@ pub use held::Writer;
 pub use mysql::{MIGRATOR as MYSQL_MIGRATOR, MySqlStore};
 pub use page::{Cursor, WorkflowFilter};
 pub use ping::PING_IDLE;
-pub use postgres::{DEFAULT_COMMIT_SLOTS, MIGRATOR as POSTGRES_MIGRATOR, PgStore, REPLAN_FIRST};
+pub use postgres::{DEFAULT_COMMIT_SLOTS, MIGRATOR as POSTGRES_MIGRATOR, PgStore, REPLAN_FIRST, SLOT_HOLD};
 pub use records::{CompensationRecord, Deleted, StepRecord, WorkflowRecord};
 pub use sqlite::{MIGRATOR as SQLITE_MIGRATOR, PHASE_FLAGS as SQLITE_PHASE_FLAGS, SqliteStore};
 pub use status::{CompensationStatus, StepKind, StepStatus, WorkflowState};

@@ -6,7 +6,9 @@
 //! Commits that find every slot busy queue; the slot that frees first takes the queue (up to a batch) and sends
 //! it as one call of `onceflow_batch` (migration 0059) in autocommit: one round trip, one commit and one WAL
 //! flush for the batch instead of one each. The gathering window is thus the time the slots are busy, never a
-//! timer. The function runs each member's statement as a prepared statement of the session (prepared from the
+//! timer. A commit sent alone holds its slot at most `SLOT_HOLD` (50 ms): one that waits longer (for a row
+//! lock, say) gives the slot back to the queue and goes on without it, so that two such commits cannot hold up
+//! every other commit of the process. The function runs each member's statement as a prepared statement of the session (prepared from the
 //! text the call carries, the first time), its arguments passed as text (`args.rs`) and converted there to the
 //! types sqlx would have sent; each member's statement answers its columns as one `text[]` (`commit.rs`).
 //!
@@ -30,6 +32,7 @@ use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use sqlx::postgres::{PgArguments, PgRow};
 use sqlx::{Row, SqlStr};
@@ -91,6 +94,8 @@ struct Member {
 pub(super) struct GroupCommit {
     slots: usize,
     max_batch: usize,
+    /// How long a commit sent alone holds its slot before it gives it back and goes on without one.
+    hold: Duration,
     state: Mutex<State>,
     /// Batches sent, and the commits they answered (not those that left them to run alone).
     batches: AtomicU64,
@@ -129,11 +134,13 @@ impl Drop for Slot {
 }
 
 impl GroupCommit {
-    /// Up to `slots` commits (or batches) at once, batches of up to `max_batch` members.
-    pub(super) fn new(slots: usize, max_batch: usize) -> Self {
+    /// Up to `slots` commits (or batches) at once, batches of up to `max_batch` members; a commit sent alone
+    /// holds its slot at most `hold`.
+    pub(super) fn new(slots: usize, max_batch: usize, hold: Duration) -> Self {
         Self {
             slots: slots.max(1),
             max_batch: max_batch.max(1),
+            hold,
             state: Mutex::new(State::default()),
             batches: AtomicU64::new(0),
             members: AtomicU64::new(0),
@@ -188,8 +195,24 @@ pub(super) async fn commit(
         // A member's answer is always sent; a dropped sender means the runtime is shutting down.
         Ok(answer) => answer.await.map_err(|_| sqlx::Error::PoolClosed)?,
         Err(statement) => {
-            let _slot = Slot(store.clone());
-            alone(store, statement).await
+            let slot = Slot(store.clone());
+            let run = std::pin::pin!(alone(store, statement));
+            holding(slot, group.hold, run).await
+        }
+    }
+}
+
+/// Awaits `run` on `slot`, giving the slot back (to the queue, if commits wait) once `run` has held it `hold`: a
+/// commit that waits for a row lock (an operator's open transaction, another process's commit) or a slow server
+/// would otherwise keep the process's other commits queued behind it for as long as it waits. A commit that took
+/// that long saves nothing by being sent alone, so past it the slots no longer limit it.
+async fn holding<T>(slot: Slot, hold: Duration, mut run: std::pin::Pin<&mut impl Future<Output = T>>) -> T {
+    tokio::select! {
+        biased;
+        out = &mut run => out,
+        () = tokio::time::sleep(hold) => {
+            drop(slot);
+            run.await
         }
     }
 }
@@ -220,8 +243,19 @@ async fn drain(store: PgStore) {
     while let Some(batch) = group.next_batch() {
         if let [_] = batch.as_slice() {
             for m in batch {
-                let answer = alone(&store, m.statement).await;
-                let _ = m.reply.send(answer);
+                // Alone on the drain's slot, at most `hold`: past it the commit goes on in a task of its own and
+                // the drain takes the next batch.
+                let run = {
+                    let store = store.clone();
+                    async move {
+                        let answer = alone(&store, m.statement).await;
+                        let _ = m.reply.send(answer);
+                    }
+                };
+                let mut run = Box::pin(run);
+                if tokio::time::timeout(group.hold, &mut run).await.is_err() {
+                    tokio::spawn(run);
+                }
             }
         } else {
             batch_commit(&store, batch).await;
