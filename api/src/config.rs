@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use onceflow_engine::store::WorkflowState;
+use onceflow_engine::store::{DEFAULT_COMMIT_SLOTS, WorkflowState};
 use onceflow_payments::Retention;
 
 /// `onceflow`: durable saga engine and payment service.
@@ -151,11 +151,13 @@ pub struct ServeArgs {
     /// uses 8 for reads, 2 for writes).
     #[arg(long, env = "ONCEFLOW_DB_MAX_CONNECTIONS", default_value_t = 20, value_parser = clap::value_parser!(u32).range(2..=1000))]
     pub db_max_connections: u32,
-    /// Postgres: with `N` > 0, at most `N` commits are sent to the database at once; a commit that finds them all
-    /// busy waits for the first to end and goes with every other waiting commit in one call and one transaction
-    /// (group commit: one round trip, one commit, one WAL flush for many payments; a lone commit never waits).
-    /// `2` by default (docs/benchmarks.md); `0` sends every commit on its own as soon as it is made.
-    #[arg(long, env = "ONCEFLOW_COMMIT_SLOTS", default_value_t = 2, value_parser = clap::value_parser!(u16).range(0..=1000))]
+    /// Postgres: with `N` > 0, at most `N` commits hold a slot to the database at once; a commit that finds them
+    /// all busy waits for the first to end and goes with the other waiting commits (up to 32) in one call and one
+    /// transaction (group commit: one round trip, one commit, one WAL flush for many payments; a lone commit never
+    /// waits). A commit that has held its slot 50 ms (waiting for a row lock, say), and a batch's member that
+    /// waits for a row lock, go on without one. `2` by default (docs/benchmarks.md); `0` sends every commit on its
+    /// own as soon as it is made.
+    #[arg(long, env = "ONCEFLOW_COMMIT_SLOTS", default_value_t = DEFAULT_COMMIT_SLOTS as u16, value_parser = clap::value_parser!(u16).range(0..=1000))]
     pub commit_slots: u16,
     /// How long a client has to send a request's headers (and an idle connection waits for its next request)
     /// before the connection is closed: a slow client cannot hold a connection for ever.

@@ -53,8 +53,9 @@ impl Fleet {
             .args(["--database-url", &self.db, "--listen", &format!("127.0.0.1:{port}")])
             .args(["--channel-url", &self.channel, "--channel-timeout-ms", "400"])
             .args(["--lease-ms", "1000", "--wait-ms", "2000"])
-            // Two processes with one commit slot: commits that arrive together go as batches (group commit on
-            // Postgres), which the killer cuts short; the third and the worker commit each alone (the default).
+            // Two `serve` processes and the worker with one commit slot: commits that arrive together go as
+            // batches (group commit on Postgres), which the killer cuts short; the third `serve` with none, each
+            // commit alone.
             .args(["--commit-slots", if i == 2 { "0" } else { "1" }])
             .env("RUST_LOG", "error")
             .stdout(Stdio::null())

@@ -408,3 +408,23 @@ async fn commits_waiting_for_locked_rows_hold_up_no_other_commit() {
         }
     }
 }
+
+/// A batch whose member is cancelled (the role's `statement_timeout`, `pg_cancel_backend`) is refused whole, as
+/// before, and its error's context — which Postgres logs and sends to the client — does not carry the member's
+/// values (an idempotency token, say): the function raises the cancel again from its own line (migration 0060).
+#[tokio::test]
+async fn a_cancelled_batch_does_not_show_its_members_values() {
+    let Some(url) = onceflow_tests::pg_url().await.unwrap() else { return };
+    let mut conn = sqlx::PgConnection::connect(&url).await.unwrap();
+    sqlx::query("SET statement_timeout = '200ms'").execute(&mut conn).await.unwrap();
+    let refused = sqlx::query(
+        "SELECT * FROM onceflow_batch('0', ARRAY['onceflow_b0_sleep'], \
+         ARRAY['(text) AS SELECT ARRAY[pg_sleep(2)::text, $1]'], ARRAY[1], ARRAY[1], ARRAY['tok_not_for_the_log'])",
+    )
+    .fetch_all(&mut conn)
+    .await
+    .unwrap_err();
+    let error = refused.as_database_error().unwrap().downcast_ref::<sqlx::postgres::PgDatabaseError>();
+    assert_eq!(error.code(), "57014", "{error:?}");
+    assert!(!format!("{error:?}").contains("tok_not_for_the_log"), "{error:?}");
+}

@@ -4,13 +4,14 @@
 //!
 //! A commit takes a free slot and runs alone at once, as before (a lone payment never waits for company).
 //! Commits that find every slot busy queue; the slot that frees first takes the queue (up to a batch) and sends
-//! it as one call of `onceflow_batch` (migration 0059) in autocommit: one round trip, one commit and one WAL
-//! flush for the batch instead of one each. The gathering window is thus the time the slots are busy, never a
+//! it as one call of `onceflow_batch` (migrations 0059, 0060) in autocommit: one round trip, one commit and one
+//! WAL flush for the batch instead of one each. The gathering window is thus the time the slots are busy, never a
 //! timer. A commit sent alone holds its slot at most `SLOT_HOLD` (50 ms): one that waits longer (for a row
 //! lock, say) gives the slot back to the queue and goes on without it, so that two such commits cannot hold up
-//! every other commit of the process. The function runs each member's statement as a prepared statement of the session (prepared from the
-//! text the call carries, the first time), its arguments passed as text (`args.rs`) and converted there to the
-//! types sqlx would have sent; each member's statement answers its columns as one `text[]` (`commit.rs`).
+//! every other commit of the process. The function runs each member's statement as a prepared statement of the
+//! session (prepared from the text the call carries, the first time), its arguments passed as text (`args.rs`)
+//! and converted there to the types sqlx would have sent; each member's statement answers its columns as one
+//! `text[]` (`commit.rs`).
 //!
 //! Each member's statement carries its own fence (lease epoch), guards and unique keys, checked by its own
 //! `onceflow_check` calls. A member whose statement raises — a check, a lock it waited for too long (the function

@@ -60,9 +60,10 @@ pub struct PgStore {
 }
 
 /// Commits sent at once by default before more wait and go together (see [`PgStore::group_commit`]). Measured on
-/// two cores (`docs/benchmarks.md`), two slots gave about twice the payments of commits alone with 64 in flight
-/// and a quarter more with 16 (on another day, a tenth fewer with 16), with a lower p99 at both; a lone commit
-/// finds a slot free and never waits. `0` turns group commit off.
+/// two cores (`docs/benchmarks.md`), two slots gave about twice the payments of commits alone with 64 in flight,
+/// at a third to a fifth of the p99, and with 16 a quarter more over HTTP and half as much again in the library
+/// (on another day a tenth fewer over HTTP, the p99 within a few milliseconds either way); a lone commit finds a
+/// slot free and never waits. `0` turns group commit off.
 pub const DEFAULT_COMMIT_SLOTS: usize = 2;
 
 /// How long a commit sent alone by the group commit holds its slot before it gives it back (to a batch, if
