@@ -152,7 +152,8 @@ pub struct ServeArgs {
     #[arg(long, env = "ONCEFLOW_DB_MAX_CONNECTIONS", default_value_t = 20, value_parser = clap::value_parser!(u32).range(2..=1000))]
     pub db_max_connections: u32,
     /// Postgres: with `N` > 0, at most `N` commits hold a slot to the database at once; a commit that finds them
-    /// all busy waits for the first to end and goes with the other waiting commits (up to 32) in one call and one
+    /// all busy waits for the first to end (or give its slot back) and goes with the other waiting commits (up to
+    /// 32) in one call and one
     /// transaction (group commit: one round trip, one commit, one WAL flush for many payments; a lone commit never
     /// waits). A commit that has held its slot 50 ms (waiting for a row lock, say), and a batch's member that
     /// waits for a row lock, go on without one. `2` by default (docs/benchmarks.md); `0` sends every commit on its

@@ -426,5 +426,7 @@ async fn a_cancelled_batch_does_not_show_its_members_values() {
     .unwrap_err();
     let error = refused.as_database_error().unwrap().downcast_ref::<sqlx::postgres::PgDatabaseError>();
     assert_eq!(error.code(), "57014", "{error:?}");
+    // Cancelled in the member's statement, and raised again from the function's own line.
+    assert!(error.r#where().is_some_and(|w| w.contains("at RAISE")), "{error:?}");
     assert!(!format!("{error:?}").contains("tok_not_for_the_log"), "{error:?}");
 }

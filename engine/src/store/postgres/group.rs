@@ -6,7 +6,7 @@
 //! Commits that find every slot busy queue; the slot that frees first takes the queue (up to a batch) and sends
 //! it as one call of `onceflow_batch` (migrations 0059, 0060) in autocommit: one round trip, one commit and one
 //! WAL flush for the batch instead of one each. The gathering window is thus the time the slots are busy, never a
-//! timer. A commit sent alone holds its slot at most `SLOT_HOLD` (50 ms): one that waits longer (for a row
+//! timer. A commit sent alone holds its slot at most `SLOT_HOLD` (50 ms) once sent: one that waits longer (for a row
 //! lock, say) gives the slot back to the queue and goes on without it, so that two such commits cannot hold up
 //! every other commit of the process. The function runs each member's statement as a prepared statement of the
 //! session (prepared from the text the call carries, the first time), its arguments passed as text (`args.rs`)
@@ -172,7 +172,7 @@ pub(super) async fn commit(
     mut statement: Statement,
     batched: impl FnOnce() -> Result<Batched>,
 ) -> Result<Answer> {
-    let Some(group) = store.group.as_ref() else { return alone(store, statement).await };
+    let Some(group) = store.group.as_ref() else { return alone(store, statement, None).await };
     let mut batched = Some(batched);
     let waiting = loop {
         {
@@ -197,24 +197,39 @@ pub(super) async fn commit(
         Ok(answer) => answer.await.map_err(|_| sqlx::Error::PoolClosed)?,
         Err(statement) => {
             let slot = Slot(store.clone());
-            let run = std::pin::pin!(alone(store, statement));
-            holding(slot, group.hold, run).await
+            let (sent, connected) = oneshot::channel();
+            let mut run = std::pin::pin!(alone(store, statement, Some(sent)));
+            if let Some(answer) = within_hold(run.as_mut(), connected, group.hold).await {
+                return answer;
+            }
+            // Held `hold` since it was sent: the slot goes back (to the queue, if commits wait) and the commit goes
+            // on without it.
+            drop(slot);
+            run.await
         }
     }
 }
 
-/// Awaits `run` on `slot`, giving the slot back (to the queue, if commits wait) once `run` has held it `hold`: a
-/// commit that waits for a row lock (an operator's open transaction, another process's commit) or a slow server
-/// would otherwise keep the process's other commits queued behind it for as long as it waits. A commit that took
-/// that long saves nothing by being sent alone, so past it the slots no longer limit it.
-async fn holding<T>(slot: Slot, hold: Duration, mut run: std::pin::Pin<&mut impl Future<Output = T>>) -> T {
+/// Polls `run` (a commit sent alone, which says on `connected` when it has its connection) until it is ready: its
+/// output, or `None` once `hold` has passed since it was sent (it is then still under way). A commit that waits that long for a row lock (an
+/// operator's open transaction, another process's commit) or a slow server would otherwise keep the process's
+/// other commits queued behind its slot for as long as it waits, and it saves nothing by being sent alone; the
+/// wait for a connection is not counted, so that a pool short of connections does not turn group commit off.
+async fn within_hold<T>(
+    mut run: std::pin::Pin<&mut impl Future<Output = T>>,
+    connected: oneshot::Receiver<()>,
+    hold: Duration,
+) -> Option<T> {
+    // A dropped sender (the commit failed before it had a connection) ends this wait as well.
     tokio::select! {
         biased;
-        out = &mut run => out,
-        () = tokio::time::sleep(hold) => {
-            drop(slot);
-            run.await
-        }
+        out = &mut run => return Some(out),
+        _ = connected => {}
+    }
+    tokio::select! {
+        biased;
+        out = &mut run => Some(out),
+        () = tokio::time::sleep(hold) => None,
     }
 }
 
@@ -222,10 +237,14 @@ fn poisoned() -> sqlx::Error {
     sqlx::Error::Protocol("the group commit's state is poisoned".into())
 }
 
-/// One statement in autocommit on a writer connection: the commit without batching.
-async fn alone(store: &PgStore, statement: Statement) -> Result<Answer> {
+/// One statement in autocommit on a writer connection: the commit without batching. `connected` is told when
+/// the connection is in hand (see [`within_hold`]).
+async fn alone(store: &PgStore, statement: Statement, connected: Option<oneshot::Sender<()>>) -> Result<Answer> {
     let (first, count) = statement.outputs;
     let mut conn = store.writer().await?;
+    if let Some(connected) = connected {
+        let _ = connected.send(());
+    }
     let row = statement.into_query().fetch_one(&mut *conn).await;
     match conn.check(row) {
         Ok(row) => Ok(Ok(common::read_outputs(&row, first, count)?)),
@@ -244,17 +263,18 @@ async fn drain(store: PgStore) {
     while let Some(batch) = group.next_batch() {
         if let [_] = batch.as_slice() {
             for m in batch {
-                // Alone on the drain's slot, at most `hold`: past it the commit goes on in a task of its own and
-                // the drain takes the next batch.
+                // Alone on the drain's slot, at most `hold` once sent: past it the commit goes on in a task of
+                // its own and the drain takes the next batch.
+                let (sent, connected) = oneshot::channel();
                 let run = {
                     let store = store.clone();
                     async move {
-                        let answer = alone(&store, m.statement).await;
+                        let answer = alone(&store, m.statement, Some(sent)).await;
                         let _ = m.reply.send(answer);
                     }
                 };
                 let mut run = Box::pin(run);
-                if tokio::time::timeout(group.hold, &mut run).await.is_err() {
+                if within_hold(run.as_mut(), connected, group.hold).await.is_none() {
                     tokio::spawn(run);
                 }
             }
@@ -315,7 +335,7 @@ async fn batch_commit(store: &PgStore, batch: Vec<Member>) {
             Outcome::Alone => {
                 let store = store.clone();
                 tokio::spawn(async move {
-                    let answer = alone(&store, m.statement).await;
+                    let answer = alone(&store, m.statement, None).await;
                     let _ = m.reply.send(answer);
                 });
             }
