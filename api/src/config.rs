@@ -153,10 +153,9 @@ pub struct ServeArgs {
     pub db_max_connections: u32,
     /// Postgres: with `N` > 0, at most `N` commits hold a slot to the database at once; a commit that finds them
     /// all busy waits for the first to end (or give its slot back) and goes with the other waiting commits (up to
-    /// 32) in one call and one
-    /// transaction (group commit: one round trip, one commit, one WAL flush for many payments; a lone commit never
-    /// waits). A commit that has held its slot 50 ms (waiting for a row lock, say), and a batch's member that
-    /// waits for a row lock, go on without one. `2` by default (docs/benchmarks.md); `0` sends every commit on its
+    /// 32) in one call and one transaction (group commit: one round trip, one commit, one WAL flush for many
+    /// payments; a lone commit never waits). A commit that has held its slot 50 ms (waiting for a row lock, say),
+    /// and a batch's member that waits for a row lock, go on without one. `2` by default (docs/benchmarks.md); `0` sends every commit on its
     /// own as soon as it is made.
     #[arg(long, env = "ONCEFLOW_COMMIT_SLOTS", default_value_t = DEFAULT_COMMIT_SLOTS as u16, value_parser = clap::value_parser!(u16).range(0..=1000))]
     pub commit_slots: u16,

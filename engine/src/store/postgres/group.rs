@@ -6,9 +6,9 @@
 //! Commits that find every slot busy queue; the slot that frees first takes the queue (up to a batch) and sends
 //! it as one call of `onceflow_batch` (migrations 0059, 0060) in autocommit: one round trip, one commit and one
 //! WAL flush for the batch instead of one each. The gathering window is thus the time the slots are busy, never a
-//! timer. A commit sent alone holds its slot at most `SLOT_HOLD` (50 ms) once sent: one that waits longer (for a row
-//! lock, say) gives the slot back to the queue and goes on without it, so that two such commits cannot hold up
-//! every other commit of the process. The function runs each member's statement as a prepared statement of the
+//! timer. A commit sent alone holds its slot at most `SLOT_HOLD` (50 ms) once sent: one that waits longer (for a
+//! row lock, say) gives the slot back to the queue and goes on without it, so that two such commits cannot hold
+//! up every other commit of the process. The function runs each member's statement as a prepared statement of the
 //! session (prepared from the text the call carries, the first time), its arguments passed as text (`args.rs`)
 //! and converted there to the types sqlx would have sent; each member's statement answers its columns as one
 //! `text[]` (`commit.rs`).
@@ -211,10 +211,11 @@ pub(super) async fn commit(
 }
 
 /// Polls `run` (a commit sent alone, which says on `connected` when it has its connection) until it is ready: its
-/// output, or `None` once `hold` has passed since it was sent (it is then still under way). A commit that waits that long for a row lock (an
-/// operator's open transaction, another process's commit) or a slow server would otherwise keep the process's
-/// other commits queued behind its slot for as long as it waits, and it saves nothing by being sent alone; the
-/// wait for a connection is not counted, so that a pool short of connections does not turn group commit off.
+/// output, or `None` once `hold` has passed since it was sent (it is then still under way). A commit that waits
+/// that long for a row lock (an operator's open transaction, another process's commit) or a slow server would
+/// otherwise keep the process's other commits queued behind its slot for as long as it waits, and it saves
+/// nothing by being sent alone; the wait for a connection is not counted, so that a pool short of connections
+/// does not turn group commit off.
 async fn within_hold<T>(
     mut run: std::pin::Pin<&mut impl Future<Output = T>>,
     connected: oneshot::Receiver<()>,

@@ -67,9 +67,9 @@ pub struct PgStore {
 pub const DEFAULT_COMMIT_SLOTS: usize = 2;
 
 /// How long a commit sent alone by the group commit holds its slot, from the moment it has its connection, before
-/// it gives it back (to a batch, if commits wait) and goes on without one: a payment's commit takes a few milliseconds, so only one that waits
-/// for a row lock or a slow server holds a slot this long, and it would otherwise hold up the process's other
-/// commits for as long as it waits. See [`PgStore::group_commit_holding`].
+/// it gives it back (to a batch, if commits wait) and goes on without one: a payment's commit takes a few
+/// milliseconds, so only one that waits for a row lock or a slow server holds a slot this long, and it would
+/// otherwise hold up the process's other commits for as long as it waits. See [`PgStore::group_commit_holding`].
 pub const SLOT_HOLD: Duration = Duration::from_millis(50);
 
 /// The most commits one batch of the group commit holds.
@@ -155,8 +155,8 @@ impl PgStore {
     /// with the others waiting (up to 32), in one transaction, when a slot frees (see `group.rs`); `0` sends every
     /// commit at once on its own, without group commit. A commit that has held a slot [`SLOT_HOLD`] since it was
     /// sent gives it back and goes on without one, as does a batch's member that waits for a row lock: so more
-    /// than `slots` commits may be under way, but no more than `slots` hold up the queue.
-    /// On by default ([`DEFAULT_COMMIT_SLOTS`]); needs the engine's migrations (the batch's function).
+    /// than `slots` commits may be under way, but no more than `slots` hold up the queue. On by default
+    /// ([`DEFAULT_COMMIT_SLOTS`]); needs the engine's migrations (the batch's function).
     #[must_use]
     pub fn group_commit(self, slots: usize) -> Self {
         self.group_commit_holding(slots, SLOT_HOLD)
